@@ -1,0 +1,15 @@
+"""Cooperative multi-LLM tasks as a PettingZoo ``ParallelEnv`` (strings only; no torch)."""
+
+from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome, Task
+from cmlrl_env.dataset import TaskSource
+from cmlrl_env.env import CoMLRLEnv
+from cmlrl_env.formatters import Formatters, default_formatter
+from cmlrl_env.rewards import RewardFunction, RewardProcessors
+from cmlrl_env.spaces import TextSpace
+from cmlrl_env.transitions import Transition
+
+__all__ = [
+    "CoMLRLEnv", "DEFAULT_EARLY_TERMINATION_THRESHOLD", "EpisodeState", "Formatters", "Outcome",
+    "RewardFunction", "RewardProcessors", "Task", "TaskSource", "TextSpace", "Transition",
+    "default_formatter",
+]

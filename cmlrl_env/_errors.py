@@ -1,0 +1,23 @@
+"""Adding context to a user function's exception without changing its type."""
+
+from __future__ import annotations
+
+__all__ = ["add_context", "describe_callable"]
+
+
+def add_context(exc: BaseException, message: str) -> BaseException:
+    """Attach ``message`` to ``exc`` so the traceback says where it happened.
+
+    The user's own exception type and traceback are kept (never swallowed or re-typed), so
+    ``except KeyError`` in user code still works.
+    """
+    if hasattr(exc, "add_note"):
+        exc.add_note(message)
+    else:  # Python 3.10: no notes; extend the arguments instead
+        exc.args = (*exc.args, message)
+    return exc
+
+
+def describe_callable(func: object) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    return name if name else repr(func)

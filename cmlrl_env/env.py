@@ -1,0 +1,216 @@
+"""``CoMLRLEnv``: task sets, formatters, rewards and transitions as a PettingZoo ``ParallelEnv``.
+
+| | |
+|---|---|
+| Agents | ``agent_0 … agent_{n-1}`` in actor order (n from the formatters or ``num_agents``) |
+| Observation | the agent's prompt (``str``; ``{"prompt": str}`` with ``dict_observations=True``) |
+| Action | the agent's completion (``str``, at most ``max_completion_chars`` characters) |
+| Reward | cooperative: every agent gets the joint response's (processed) reward |
+| Termination | ``terminated`` when the turn's reward exceeds ``early_termination_threshold``; |
+| | ``truncated`` after ``num_turns`` turns |
+| State | the joint transcript of the episode (for centralised critics) |
+
+Version history: v0 — first release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from datasets import Dataset, IterableDataset
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome, Task
+from cmlrl_env.dataset import TaskSource
+from cmlrl_env.formatters import Formatter
+from cmlrl_env.rewards import RewardProcessor
+from cmlrl_env.spaces import DEFAULT_MAX_CHARS, TextSpace
+
+__all__ = ["CoMLRLEnv"]
+
+Obs = Any  # str, or {"prompt": str} with dict_observations=True
+
+
+class CoMLRLEnv(ParallelEnv[str, Obs, str]):
+    """Observations are prompts, actions are completions, rewards are cooperative.
+
+    ``env = CoMLRLEnv(dataset, formatters, reward_func)``; each ``reset()`` takes the next task
+    item in dataset order (wrapping round); ``options={"index": i}`` pins item ``i`` of a
+    map-style dataset and ``options={"item": {...}}`` plays a given item. ``env.task`` is the
+    pure core that trainers step in groups (``Task.step_group``).
+    """
+
+    metadata = {"name": "comlrl_v0", "render_modes": ["ansi", "human"],
+                "is_parallelizable": True}
+
+    def __init__(
+        self,
+        dataset: Dataset | IterableDataset,
+        formatters: Formatter | Sequence[Formatter] | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        *,
+        num_agents: int | None = None,
+        num_turns: int = 1,
+        external_transition: Callable[..., Any] | None = None,
+        reward_processor: RewardProcessor | None = None,
+        early_termination_threshold: float | None = DEFAULT_EARLY_TERMINATION_THRESHOLD,
+        render_mode: str | None = None,
+        max_prompt_chars: int = DEFAULT_MAX_CHARS,
+        max_completion_chars: int = DEFAULT_MAX_CHARS,
+        dict_observations: bool = False,
+    ) -> None:
+        if reward_func is None:
+            raise TypeError("CoMLRLEnv needs reward_func: CoMLRLEnv(dataset, formatters, "
+                            "reward_func).")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r} is not supported; choose one of "
+                             f"{self.metadata['render_modes']} or None.")
+        for name, value in (("max_prompt_chars", max_prompt_chars),
+                            ("max_completion_chars", max_completion_chars)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        self.source = TaskSource(dataset)
+        self.task = Task(formatters, reward_func, num_agents=num_agents, num_turns=num_turns,
+                         external_transition=external_transition,
+                         reward_processor=reward_processor,
+                         early_termination_threshold=early_termination_threshold)
+        self.render_mode = render_mode
+        self.dict_observations = dict_observations
+        self.possible_agents = [f"agent_{i}" for i in range(self.task.num_agents)]
+        self.agents: list[str] = []
+        prompt_space = TextSpace(max_prompt_chars)
+        self._obs_spaces = {a: spaces.Dict({"prompt": prompt_space}) if dict_observations
+                            else prompt_space for a in self.possible_agents}
+        self._act_spaces = {a: TextSpace(max_completion_chars) for a in self.possible_agents}
+        per_turn = max_prompt_chars + max_completion_chars + 64
+        self.state_space = TextSpace(self.task.num_agents * num_turns * per_turn)
+        self.np_random = np.random.default_rng()
+        self._state: EpisodeState | None = None
+        self._last: tuple[tuple[str, ...], Outcome] | None = None
+
+    # -- spaces ---------------------------------------------------------------------------------
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self._obs_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self._act_spaces[agent]
+
+    # -- episode --------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, Obs], dict[str, dict[str, Any]]]:
+        """Start an episode on the next task item (or the one ``options`` pins)."""
+        if seed is not None:
+            self.np_random = np.random.default_rng(seed)
+        item, index = self._pick_item(options or {})
+        self._state = self.task.initial_state(item, index)
+        self._last = None
+        self.agents = list(self.possible_agents)
+        return self._observe(self._state), self._infos(self._state, None)
+
+    def _pick_item(self, options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        if "index" in options and "item" in options:
+            raise ValueError("reset options take 'index' or 'item', not both.")
+        if "index" in options:
+            return self.source.get(options["index"]), options["index"]
+        if "item" in options:
+            if not isinstance(options["item"], dict):
+                raise TypeError(f"options['item'] must be a dict task item, got "
+                                f"{type(options['item']).__name__}.")
+            return dict(options["item"]), None
+        return self.source.next()
+
+    def step(self, actions: dict[str, str]) -> tuple[
+        dict[str, Obs], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict]
+    ]:
+        """Play one turn: every live agent's completion, one reward for the joint response."""
+        state = self._require_live_state()
+        joint = self._joint_action(actions)
+        outcome = self.task.step_group([state], [[joint]])[0][0]
+        agents = self.agents
+        self._last = (joint, outcome)
+        if outcome.next_state is not None:
+            self._state = outcome.next_state
+        else:
+            self._state = dataclasses.replace(
+                state, turn=state.turn + 1,
+                response_history=tuple(h + (a,) for h, a in zip(state.response_history, joint,
+                                                                 strict=True)))
+            self.agents = []
+        obs = self._observe(self._state)
+        rewards = {a: outcome.reward for a in agents}
+        terms = {a: outcome.terminated for a in agents}
+        truncs = {a: outcome.truncated for a in agents}
+        infos = self._infos(self._state, outcome)
+        if self.render_mode == "human":
+            self.render()
+        return obs, rewards, terms, truncs, infos
+
+    def _require_live_state(self) -> EpisodeState:
+        if self._state is None:
+            raise RuntimeError("step() was called before reset(); call env.reset() first.")
+        if not self.agents:
+            raise RuntimeError("step() was called after the episode ended (env.agents is empty); "
+                               "call env.reset() to start the next episode.")
+        return self._state
+
+    def _joint_action(self, actions: dict[str, str]) -> tuple[str, ...]:
+        if not isinstance(actions, dict):
+            raise TypeError(f"actions must be a dict {{agent: completion}}, got "
+                            f"{type(actions).__name__}.")
+        unknown = sorted(set(actions) - set(self.agents))
+        missing = [a for a in self.agents if a not in actions]
+        if unknown or missing:
+            raise KeyError(f"actions must hold exactly the live agents {self.agents}; unknown: "
+                           f"{unknown}, missing: {missing}.")
+        for agent in self.agents:
+            text = actions[agent]
+            if not isinstance(text, str):
+                raise TypeError(f"the action of {agent} must be a completion str, got "
+                                f"{type(text).__name__} {text!r:.80}.")
+            if not self._act_spaces[agent].contains(text):
+                raise ValueError(f"the action of {agent} has {len(text)} characters, more than "
+                                 f"max_completion_chars={self._act_spaces[agent].max_length}.")
+        return tuple(actions[a] for a in self.agents)
+
+    def _observe(self, state: EpisodeState) -> dict[str, Obs]:
+        return {a: {"prompt": p} if self.dict_observations else p
+                for a, p in zip(self.possible_agents, state.prompts, strict=True)}
+
+    def _infos(self, state: EpisodeState, outcome: Outcome | None) -> dict[str, dict[str, Any]]:
+        info: dict[str, Any] = {"turn": state.turn, "item_index": state.item_index}
+        if outcome is not None:
+            info["raw_reward"] = outcome.raw_reward
+        return {a: dict(info) for a in self.possible_agents}
+
+    # -- views ----------------------------------------------------------------------------------
+    def state(self) -> str:
+        """The joint transcript of the current episode (every agent's prompts and responses)."""
+        if self._state is None:
+            raise RuntimeError("state() was called before reset(); call env.reset() first.")
+        return self._state.transcript()
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            return None
+        text = self._render_text()
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def _render_text(self) -> str:
+        if self._state is None:
+            return "(not reset)"
+        header = f"item {self._state.item_index} · turn {self._state.turn}/{self.task.num_turns}"
+        if self._last is not None:
+            joint, outcome = self._last
+            header += f" · reward {outcome.reward:.4g}"
+        return header + "\n" + self._state.transcript()
+
+    def close(self) -> None:
+        self._state = None
+        self.agents = []
