@@ -1,0 +1,122 @@
+"""Advantages from returns: group baselines (MAGRPO family) and batch z-scoring (actor-critic).
+
+Pure tensor functions: no model, no tokenizer, no state. Every function checks its inputs and
+raises ``ValueError`` naming the argument, what it got and how to fix it, because a silently
+broadcast or NaN advantage trains the policy on garbage without any visible error.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["BASELINES", "group_advantages", "normalize_batch"]
+
+BASELINES: tuple[str, ...] = ("mean", "rloo", "max", "raw")
+"""Baselines accepted by :func:`group_advantages`."""
+
+
+def _check_finite_float(name: str, x: object) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ValueError(
+            f"{name} must be a torch.Tensor, got {type(x).__name__}; wrap it with torch.as_tensor"
+        )
+    if not x.is_floating_point():
+        raise ValueError(
+            f"{name} must be a floating-point tensor, got dtype {x.dtype}; cast it with .float()"
+        )
+    if not bool(torch.isfinite(x).all()):
+        bad = (~torch.isfinite(x)).nonzero()[0].tolist()
+        raise ValueError(
+            f"{name} contains NaN or inf (first at index {bad}); fix the reward/return upstream "
+            "instead of training on it"
+        )
+    return x
+
+
+def _check_group_inputs(returns: Tensor, baseline: str, eps: float) -> None:
+    _check_finite_float("returns", returns)
+    if returns.dim() != 2 or returns.shape[1] == 0:
+        raise ValueError(
+            f"returns must have shape [num_groups, G] with G >= 1, got shape "
+            f"{tuple(returns.shape)}; for a single group use returns.unsqueeze(0)"
+        )
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}; it keeps the std division finite")
+
+
+def group_advantages(
+    returns: Tensor,
+    baseline: str,
+    normalize_std: bool,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Per-group advantages for the group-relative REINFORCE family.
+
+    Args:
+        returns: ``[num_groups, G]``. Row ``k`` holds the returns of the ``G`` sibling joint
+            actions sampled from one state; the baseline only ever uses a row's own siblings.
+        baseline: ``"mean"``: ``A = R - mean(R)``; ``"rloo"`` (leave-one-out):
+            ``A = (G*R - sum(R)) / (G - 1)``, needs ``G >= 2``; ``"max"``: ``A = R - max(R)``;
+            ``"raw"``: ``A = R``.
+        normalize_std: divide by ``std_pop(R) + eps`` (population std of the row's returns).
+            The result is NOT re-centred, so the baselines stay distinct.
+        eps: added to the std; must be > 0. A row of equal returns has std 0, so it is divided
+            by ``eps``: harmless for "mean"/"rloo"/"max" (A is 0 there) but it scales "raw"
+            advantages by ``1/eps`` — "raw" is normally used without ``normalize_std``.
+
+    Returns:
+        ``[num_groups, G]`` advantages, same dtype and device as ``returns``.
+
+    Raises:
+        ValueError: ``returns`` not a finite 2-D float tensor, unknown ``baseline``,
+            ``G < 2`` with ``"rloo"``, or ``eps <= 0``.
+    """
+    _check_group_inputs(returns, baseline, eps)
+    group_size = returns.shape[1]
+    if baseline == "mean":
+        adv = returns - returns.mean(dim=1, keepdim=True)
+    elif baseline == "rloo":
+        if group_size < 2:
+            raise ValueError(
+                f"baseline 'rloo' needs G >= 2 samples per group, got returns of shape "
+                f"{tuple(returns.shape)}; sample more per state or use baseline 'mean'"
+            )
+        total = returns.sum(dim=1, keepdim=True)
+        adv = (group_size * returns - total) / (group_size - 1)
+    elif baseline == "max":
+        adv = returns - returns.max(dim=1, keepdim=True).values
+    else:  # "raw"
+        adv = returns.clone()
+
+    if normalize_std:
+        # Scale only. The reference subtracted mean(A) here as well, which maps every baseline
+        # to (R - mean R) / std R and made MAGRPO/MARLOO/MAReMax/MAREINFORCE identical (bug B7).
+        std = returns.std(dim=1, unbiased=False, keepdim=True)
+        adv = adv / (std + eps)
+    return adv
+
+
+def normalize_batch(adv: Tensor, eps: float = 1e-8) -> Tensor:
+    """Z-score advantages over a whole batch (actor-critic advantage normalisation).
+
+    ``(adv - mean(adv)) / (std_pop(adv) + eps)`` over all elements, any shape. The population
+    std (not the unbiased one) is used so that a batch of ONE element gives ``adv - mean = 0``
+    instead of NaN (unbiased std of one value is 0/0). A batch of equal values also gives zeros.
+
+    Args:
+        adv: advantages, any shape with at least one element.
+        eps: added to the std; must be > 0.
+
+    Returns:
+        Tensor with the shape, dtype and device of ``adv``.
+    """
+    _check_finite_float("adv", adv)
+    if adv.numel() == 0:
+        raise ValueError(f"adv is empty (shape {tuple(adv.shape)}); there is nothing to normalise")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}; it keeps the std division finite")
+    centred = adv - adv.mean()
+    return centred / (adv.std(unbiased=False) + eps)
