@@ -1,0 +1,152 @@
+"""Validated config dataclasses shared by every trainer.
+
+A config checks itself in ``__post_init__`` and again on every assignment, because users set
+fields after construction (SPEC §5: ``trainer.args.eval_num_samples = len(eval_dataset)``). No other
+code re-checks a field. Messages name the field, quote the value and say what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["ValidatedConfig", "SharedConfig"]
+
+
+class ValidatedConfig:
+    """Mixin: ``validate()`` runs after ``__init__`` and on each assignment (undone on error)."""
+
+    _ready = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not self._ready:
+            object.__setattr__(self, name, value)
+            return
+        if name not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            raise AttributeError(
+                f"{type(self).__name__} has no field {name!r}; valid fields: "
+                f"{sorted(f.name for f in fields(self))}."  # type: ignore[arg-type]
+            )
+        old = getattr(self, name)
+        object.__setattr__(self, name, value)
+        try:
+            self.validate()
+        except (TypeError, ValueError):
+            object.__setattr__(self, name, old)
+            raise
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    # -- rule helpers: each raises with the field name and value ---------------------------------
+    def _int(self, name: str, low: int | None = None, *, optional: bool = False) -> None:
+        value = getattr(self, name)
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}.")
+
+    def _real(
+        self,
+        name: str,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        optional: bool = False,
+    ) -> None:
+        value = getattr(self, name)
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise TypeError(f"{name} must be a number, got {value!r}.")
+        if low is not None and (value <= low if low_open else value < low):
+            op = ">" if low_open else ">="
+            raise ValueError(f"{name} must be {op} {low}, got {value}.")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be <= {high}, got {value}.")
+
+    def _choice(self, name: str, choices: tuple[str, ...]) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+
+    def _bool(self, name: str) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}.")
+
+
+@dataclass
+class SharedConfig(ValidatedConfig):
+    """Fields every trainer has: team, turns, sampling, schedule, logging, checkpoints."""
+
+    num_agents: int | None = None
+    """Team size; None takes it from the trainer (``num_agents=``, ``agents=`` or formatters)."""
+    num_turns: int = 1
+    """Turns per episode; >1 needs ``external_transition``."""
+    num_train_epochs: int = 1
+    """Passes over the training task items."""
+    agent_learning_rate: float = 5e-6
+    """AdamW learning rate of every agent."""
+    max_new_tokens: int = 128
+    """Generation cap per completion (tokens)."""
+    temperature: float = 0.6
+    top_p: float = 0.6
+    top_k: int | None = 50
+    discount: float = 1.0
+    """Weight of later turns in a turn's return."""
+    early_termination_threshold: float | None = -0.2
+    """A branch ends after a turn whose reward exceeds this (None: always play every turn)."""
+    eval_interval: int = 16
+    """Evaluate before item 0 of each epoch and then every ``eval_interval`` training task items;
+    0: manual evaluation only."""
+    eval_num_samples: int = 4
+    """How many items from the start of the eval split each evaluation scores (> 0)."""
+    eval_batch_size: int = 1
+    """Items per generation batch in evaluation (batching only, not the number of responses)."""
+    logging_steps: int = 1
+    """Minimum ``env_step`` gap between training log entries; entries in a gap are averaged."""
+    max_grad_norm: float | None = 1.0
+    """Clip each agent's gradient norm (None: no clipping)."""
+    seed: int | None = None
+    """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
+    output_dir: str | None = None
+    """Local metrics, config, plots and checkpoints (None: ``runs/<algorithm>-<time>``)."""
+    save_steps: int = 0
+    """Checkpoint every ``save_steps`` training task items and at the end (0: only on request)."""
+    save_total_limit: int | None = None
+    """Keep the newest ``save_total_limit`` checkpoints (None: keep all)."""
+
+    def validate(self) -> None:
+        self._int("num_agents", 1, optional=True)
+        self._int("num_turns", 1)
+        self._int("num_train_epochs", 0)
+        self._real("agent_learning_rate", 0.0, low_open=True)
+        self._int("max_new_tokens", 1)
+        self._real("temperature", 0.0, low_open=True)
+        self._real("top_p", 0.0, 1.0, low_open=True)
+        self._int("top_k", 0, optional=True)
+        self._real("discount", 0.0, 1.0)
+        self._real("early_termination_threshold", optional=True)
+        self._int("eval_interval", 0)
+        self._int("eval_num_samples", 1)
+        self._int("eval_batch_size", 1)
+        self._int("logging_steps", 1)
+        self._real("max_grad_norm", 0.0, low_open=True, optional=True)
+        self._int("seed", 0, optional=True)
+        if self.output_dir is not None and not isinstance(self.output_dir, str):
+            raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        self._int("save_steps", 0)
+        self._int("save_total_limit", 1, optional=True)

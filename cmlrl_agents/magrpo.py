@@ -1,0 +1,232 @@
+"""``MAGRPOTrainer`` and its REINFORCE-family siblings (MAREINFORCE, MAReMax, MARLOO).
+
+One round: roll out ``rollout_buffer_size`` task items through the env's tree (one batched
+generate per agent and turn), compute tree returns and sibling-group advantages (pure functions),
+then for each agent one optimizer step per ``train_batch_size`` items, each step's loss from
+batched padded forwards.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from datasets import Dataset, IterableDataset
+
+from cmlrl_agents.advantages import group_advantages
+from cmlrl_agents.losses import kl_k3, policy_gradient_loss
+from cmlrl_agents.magrpo_config import (
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+)
+from cmlrl_agents.rollout import RolloutTree, collect_tree
+from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
+from cmlrl_env import CoMLRLEnv
+
+__all__ = ["MAGRPOTrainer", "MAREINFORCETrainer", "MAReMaxTrainer", "MARLOOTrainer", "Sample",
+           "agent_samples"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one agent with its advantage: a row of the policy-gradient batch."""
+
+    item_slot: int
+    turn: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    advantage: float
+
+
+def agent_samples(tree: RolloutTree, agent: int, agent_returns: list[torch.Tensor],
+                  advantage_mode: str, advantage_normalization: bool) -> list[Sample]:
+    """Every completion of ``agent`` in the tree, its advantage taken over its G siblings."""
+    samples = []
+    for level, returns in zip(tree.levels, agent_returns, strict=True):
+        adv = group_advantages(returns[:, agent, :], advantage_mode, advantage_normalization)
+        for branch, row in enumerate(level.completions[agent]):
+            for g, completion in enumerate(row):
+                samples.append(Sample(level.item_slot[branch], level.turn, completion.prompt_ids,
+                                      completion.completion_ids, float(adv[branch, g])))
+    return samples
+
+
+class MAGRPOTrainer(TeamTrainer):
+    """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
+
+    Construct with ``agent_model="<hub id or folder>"`` (one copy per agent) or
+    ``agents=[model, ...]`` plus ``tokenizer=``; the task as ``train_dataset``, ``formatters``,
+    ``reward_func`` (``reward_processor``, ``external_transition``) or as a ready ``env=``.
+    """
+
+    algorithm = "magrpo"
+    config_class: type[MAGRPOConfig] = MAGRPOConfig
+
+    def __init__(self, agent_model: Any = None, agents: Sequence[Any] | None = None,
+                 num_agents: int | None = None, tokenizer: Any = None,
+                 model_config: Mapping[str, Any] | None = None,
+                 train_dataset: Dataset | IterableDataset | None = None,
+                 eval_dataset: Dataset | IterableDataset | None = None,
+                 reward_func: Callable[..., Any] | None = None,
+                 reward_processor: Callable[[float], float] | None = None,
+                 formatters: Any = None, external_transition: Callable[..., Any] | None = None,
+                 wandb_config: Mapping[str, Any] | None = None,
+                 eval_logger: Callable[..., Any] | None = None,
+                 eval_aggregator: Callable[..., Any] | None = None,
+                 args: MAGRPOConfig | None = None, env: CoMLRLEnv | None = None) -> None:
+        args = self.config_class() if args is None else args
+        if not isinstance(args, MAGRPOConfig):
+            raise TypeError(f"args must be a MAGRPOConfig (or a REINFORCE-family config), got "
+                            f"{type(args).__name__}.")
+        if (eval_logger is None) != (eval_aggregator is None):
+            raise ValueError("eval_logger and eval_aggregator work together: pass both or "
+                             "neither.")
+        super().__init__(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                         tokenizer=tokenizer, model_config=model_config,
+                         train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         reward_func=reward_func, reward_processor=reward_processor,
+                         formatters=formatters, external_transition=external_transition,
+                         env=env, wandb_config=wandb_config)
+        self.eval_logger = eval_logger
+        self.eval_aggregator = eval_aggregator
+        self.optimizers = [_adamw(agent.model, args.agent_learning_rate) for agent in self.agents]
+        self.reference_models = ([_frozen_copy(agent.model) for agent in self.agents]
+                                 if args.reference_kl_enabled else None)
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Evaluate on the first ``num_eval_samples`` eval items (default
+        ``args.eval_num_samples``); ``{}`` without an eval dataset."""
+        n = self.args.eval_num_samples if num_eval_samples is None else num_eval_samples
+        return self.evaluate_items(n)
+
+    def _items_per_batch(self) -> int:
+        return self.args.rollout_buffer_size
+
+    # -- one round ----------------------------------------------------------------------------
+    def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
+        args = self.args
+        tree = collect_tree(self.task, self.agents, items, num_generations=args.num_generations,
+                            sampling=self.sampling, joint_mode=args.joint_mode)
+        metrics = turn_metrics(tree, tree.returns(args.discount))
+        agent_returns = tree.agent_returns(args.discount)
+        losses, norms = [], []
+        for a in range(self.num_agents):
+            samples = agent_samples(tree, a, agent_returns, args.advantage_mode,
+                                    args.advantage_normalization)
+            stats = self._update_agent(a, samples)
+            for level, returns in zip(tree.levels, agent_returns, strict=True):
+                stats[f"turn_{level.turn}/expected_return"] = float(returns[:, a].mean())
+            metrics.update({f"agent_{a}/{k}": v for k, v in stats.items()})
+            losses.append(stats["loss"])
+            norms.append(stats["grad_norm"])
+        metrics["loss"] = sum(losses) / len(losses)
+        metrics["grad_norm"] = sum(norms) / len(norms)
+        metrics.update(_kl_turn_means(metrics, self.num_agents))
+        return metrics, tree.env_steps
+
+    def _update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm."""
+        per_step = self.args.items_per_step
+        slots = sorted({s.item_slot for s in samples})
+        stats: dict[str, list[float]] = defaultdict(list)
+        for i in range(0, len(slots), per_step):
+            chosen = set(slots[i:i + per_step])
+            step_stats = self._optimizer_step(a, [s for s in samples if s.item_slot in chosen])
+            for key, value in step_stats.items():
+                stats[key].append(value)
+        return {key: sum(v) / len(v) for key, v in stats.items()}
+
+    def _optimizer_step(self, a: int, samples: list[Sample]) -> dict[str, float]:
+        agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
+        agent.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        total_tokens = sum(len(s.completion_ids) for s in samples)
+        size = args.forward_batch_size or len(samples)
+        loss_sum, kl_by_turn = 0.0, defaultdict(list)
+        for start in range(0, len(samples), size):
+            chunk = samples[start:start + size]
+            loss, kl = self._chunk_loss(a, chunk, len(samples), total_tokens)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            if kl is not None:
+                for s, value in zip(chunk, kl.tolist(), strict=True):
+                    kl_by_turn[s.turn].append(value)
+        params = [p for p in agent.model.parameters() if p.requires_grad]
+        max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=True)
+        optimizer.step()
+        stats = {"loss": loss_sum, "grad_norm": float(grad_norm)}
+        for turn, values in kl_by_turn.items():
+            mean = sum(values) / len(values)
+            stats[f"turn_{turn}/reference_kl_mean"] = mean
+            stats[f"turn_{turn}/reference_kl_penalty_mean"] = args.reference_kl_coef * mean
+        return stats
+
+    def _chunk_loss(self, a: int, chunk: list[Sample], num_samples: int, total_tokens: int
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This chunk's share of the step loss, scaled so that chunking changes nothing."""
+        agent, args = self.agents[a], self.args
+        batch = build_batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
+                            agent.pad_token_id).to(agent.device)
+        logprobs = sequence_logprobs(agent.model, batch)
+        mask = batch.completion_mask
+        advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
+        if args.loss_aggregation == "sequence_sum":
+            weight = len(chunk) / num_samples
+        else:
+            weight = float(mask.sum()) / max(total_tokens, 1)
+        loss = policy_gradient_loss(logprobs, mask, advantages, args.loss_aggregation) * weight
+        if self.reference_models is None:
+            return loss, None
+        with torch.no_grad():
+            ref = sequence_logprobs(self.reference_models[a], batch)
+        kl = kl_k3(logprobs, ref, mask)
+        # TRL-style: the KL to the frozen reference is a loss term (no extra policy forward).
+        loss = loss + args.reference_kl_coef * kl.mean() * (len(chunk) / num_samples)
+        return loss, kl.detach()
+
+
+def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the agent's model has no trainable parameters (requires_grad=False "
+                         "everywhere); unfreeze some, or wrap it with a LoRA adapter.")
+    return torch.optim.AdamW(params, lr=lr, foreach=True)
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def _kl_turn_means(metrics: dict[str, float], num_agents: int) -> dict[str, float]:
+    """Team means of the per-agent reference-KL metrics under the seed's ``turn_k/…`` names."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for key, value in metrics.items():
+        if key.startswith("agent_") and "/reference_kl_" in key:
+            out[key.split("/", 1)[1]].append(value)
+    return {k: sum(v) / len(v) for k, v in out.items() if len(v) == num_agents}
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    algorithm = "mareinforce"
+    config_class = MAREINFORCEConfig
+
+
+class MAReMaxTrainer(MAGRPOTrainer):
+    algorithm = "maremax"
+    config_class = MAReMaxConfig
+
+
+class MARLOOTrainer(MAGRPOTrainer):
+    algorithm = "marloo"
+    config_class = MARLOOConfig

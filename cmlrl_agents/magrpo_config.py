@@ -1,0 +1,104 @@
+"""``MAGRPOConfig`` and the REINFORCE-family configs (MAREINFORCE, MAReMax, MARLOO).
+
+The four algorithms share one trainer and differ only in their default baseline and
+normalisation: the baseline (``advantage_mode``) and the std scaling
+(``advantage_normalization``) are separate switches, and the scaling never re-centres the
+advantages, so the variants really differ (in the reference they all collapse to one, bug B7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cmlrl_agents.config import SharedConfig
+
+__all__ = ["MAGRPOConfig", "MAREINFORCEConfig", "MAReMaxConfig", "MARLOOConfig"]
+
+JOINT_MODES = ("aligned", "cross")
+ADVANTAGE_MODES = ("mean", "rloo", "max", "raw")
+LOSS_AGGREGATIONS = ("sequence_sum", "token_mean")
+
+
+@dataclass
+class MAGRPOConfig(SharedConfig):
+    """Multi-agent group-relative policy optimisation (SPEC §5–§6).
+
+    Each agent samples ``num_generations`` completions per state; ``joint_mode="aligned"`` pairs
+    them by index (G joint actions), ``"cross"`` takes every combination (G**N). In multi-turn
+    training every joint action that goes on is expanded into G children; a turn's return is its
+    reward plus ``discount`` times the mean return of its children.
+    """
+
+    num_generations: int = 4
+    """G: completions sampled per agent per state (>= 2 unless ``advantage_mode="raw"``)."""
+    joint_mode: str = "aligned"
+    advantage_mode: str = "mean"
+    """Baseline over the G siblings: mean, rloo (leave-one-out), max, or raw (none)."""
+    advantage_normalization: bool = True
+    """Divide advantages by the siblings' return std (no re-centring)."""
+    loss_aggregation: str = "sequence_sum"
+    """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
+    rollout_buffer_size: int = 2
+    """Task items rolled out together (one batched generate per agent and turn) per update."""
+    train_batch_size: int | None = None
+    """Task items per optimizer step within an update (None: the whole buffer, one step)."""
+    forward_batch_size: int | None = None
+    """Sequences per forward/backward pass (gradient accumulation; memory only, same result)."""
+    reference_kl_enabled: bool = False
+    """Penalise divergence from a frozen copy of each agent's initial weights."""
+    reference_kl_coef: float = 0.1
+    eval_interval: int = 16
+    logging_steps: int = 50
+
+    def validate(self) -> None:
+        super().validate()
+        self._int("num_generations", 1)
+        self._choice("joint_mode", JOINT_MODES)
+        self._choice("advantage_mode", ADVANTAGE_MODES)
+        self._bool("advantage_normalization")
+        self._choice("loss_aggregation", LOSS_AGGREGATIONS)
+        self._int("rollout_buffer_size", 1)
+        self._int("train_batch_size", 1, optional=True)
+        self._int("forward_batch_size", 1, optional=True)
+        self._bool("reference_kl_enabled")
+        self._real("reference_kl_coef", 0.0)
+        if self.num_generations < 2 and self.advantage_mode != "raw":
+            raise ValueError(
+                f"num_generations={self.num_generations} with advantage_mode="
+                f"{self.advantage_mode!r}: a group baseline needs at least 2 samples per state; "
+                "use num_generations >= 2 or advantage_mode='raw'."
+            )
+        if self.train_batch_size is not None and self.train_batch_size > self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} is larger than rollout_buffer_size="
+                f"{self.rollout_buffer_size}; an optimizer step cannot use more items than one "
+                "rollout collects. Lower train_batch_size or raise rollout_buffer_size."
+            )
+
+    @property
+    def items_per_step(self) -> int:
+        return self.train_batch_size or self.rollout_buffer_size
+
+
+@dataclass
+class MAREINFORCEConfig(MAGRPOConfig):
+    """Plain multi-agent REINFORCE: raw returns, no baseline, no scaling."""
+
+    advantage_mode: str = "raw"
+    advantage_normalization: bool = False
+
+
+@dataclass
+class MAReMaxConfig(MAGRPOConfig):
+    """ReMax-style: the best sibling's return as the baseline."""
+
+    advantage_mode: str = "max"
+    advantage_normalization: bool = False
+
+
+@dataclass
+class MARLOOConfig(MAGRPOConfig):
+    """RLOO: the mean of the other siblings' returns as the baseline."""
+
+    advantage_mode: str = "rloo"
+    advantage_normalization: bool = False

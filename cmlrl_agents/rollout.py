@@ -1,0 +1,176 @@
+"""Rollouts: the one place where the env's task and the policies meet.
+
+``collect_tree`` plays a batch of task items level by level (turn by turn). At each level every
+agent answers every open branch of every item with ONE batched ``generate`` call (G samples per
+branch), and the env scores each item's joint actions with one ``reward_func`` call
+(``Task.step_group``); each joint action that goes on becomes a child branch of the next level.
+Evaluation is the same walk with G = 1: one response per agent per turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from cmlrl_agents.policy import Completion, SamplingConfig
+from cmlrl_agents.returns import cross_credit, tree_returns
+from cmlrl_env.core import EpisodeState, Outcome, Task
+
+__all__ = ["Policy", "Level", "RolloutTree", "collect_tree", "joint_indices"]
+
+
+class Policy(Protocol):
+    def generate(
+        self, prompts: list[str], num_samples: int, sampling: SamplingConfig
+    ) -> list[list[Completion]]: ...
+
+
+def joint_indices(num_agents: int, num_generations: int, joint_mode: str) -> list[tuple[int, ...]]:
+    """Which sample of each agent forms joint action j.
+
+    aligned: j pairs sample j of every agent (G joint actions); cross: every combination in
+    ``itertools.product`` order, agent 0 slowest (G**N joint actions).
+    """
+    if joint_mode == "aligned" or num_agents == 1:
+        return [(g,) * num_agents for g in range(num_generations)]
+    if joint_mode == "cross":
+        return list(itertools.product(range(num_generations), repeat=num_agents))
+    raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {joint_mode!r}.")
+
+
+@dataclass
+class Level:
+    """One turn of the tree across all items of the batch.
+
+    ``completions[agent][branch][g]``; ``outcomes[branch][j]`` for joint action ``joints[j]``;
+    ``parent[branch]`` indexes the previous level's flattened joint actions (-1 at turn 1).
+    """
+
+    turn: int
+    states: list[EpisodeState]
+    item_slot: list[int]
+    parent: list[int]
+    completions: list[list[list[Completion]]]
+    joints: list[tuple[int, ...]]
+    outcomes: list[list[Outcome]]
+
+    @property
+    def rewards(self) -> Tensor:
+        """``[branches, J]`` processed rewards."""
+        return torch.tensor([[o.reward for o in row] for row in self.outcomes], dtype=torch.float32)
+
+    @property
+    def num_joint_actions(self) -> int:
+        return len(self.states) * len(self.joints)
+
+
+@dataclass
+class RolloutTree:
+    """All levels of one batch of task items."""
+
+    items: list[tuple[Mapping[str, Any], int | None]]
+    num_agents: int
+    num_generations: int
+    levels: list[Level] = field(default_factory=list)
+
+    @property
+    def env_steps(self) -> int:
+        """Joint-action reward evaluations in this tree (the ``env_step`` increment)."""
+        return sum(level.num_joint_actions for level in self.levels)
+
+    def returns(self, discount: float) -> list[Tensor]:
+        """Per level ``[branches, J]``: reward + discount × mean of the children's returns."""
+        rewards = [level.rewards.reshape(-1) for level in self.levels]
+        parents = [torch.tensor([-1])]
+        for level in self.levels[1:]:
+            joints = len(level.joints)
+            parents.append(torch.tensor(level.parent).repeat_interleave(joints))
+        flat = tree_returns(rewards, parents, discount)
+        return [
+            r.reshape(len(level.states), len(level.joints))
+            for r, level in zip(flat, self.levels, strict=True)
+        ]
+
+    def agent_returns(self, discount: float) -> list[Tensor]:
+        """Per level ``[branches, N, G]``: the return credited to each agent's sample.
+
+        aligned: sample g of every agent gets joint action g's return; cross: the mean over the
+        joint actions the sample took part in.
+        """
+        out = []
+        for level, joint in zip(self.levels, self.returns(discount), strict=True):
+            if len(level.joints) == self.num_generations:
+                out.append(joint.unsqueeze(1).expand(-1, self.num_agents, -1).contiguous())
+            else:
+                out.append(cross_credit(joint, self.num_agents, self.num_generations))
+        return out
+
+
+def collect_tree(
+    task: Task,
+    agents: Sequence[Policy],
+    items: Sequence[tuple[Mapping[str, Any], int | None]],
+    *,
+    num_generations: int,
+    sampling: SamplingConfig,
+    joint_mode: str = "aligned",
+) -> RolloutTree:
+    """Roll out ``items`` through every turn of ``task`` with ``num_generations`` per branch."""
+    if len(agents) != task.num_agents:
+        raise ValueError(f"{len(agents)} agents for a task of {task.num_agents} agents.")
+    tree = RolloutTree(list(items), task.num_agents, num_generations)
+    joints = joint_indices(task.num_agents, num_generations, joint_mode)
+    states = [task.initial_state(item, index) for item, index in items]
+    slots, parents = list(range(len(items))), [-1] * len(items)
+    for turn in range(1, task.num_turns + 1):
+        if not states:
+            break
+        completions = [
+            agent.generate([s.prompts[a] for s in states], num_generations, sampling)
+            for a, agent in enumerate(agents)
+        ]
+        outcomes = _step_items(task, states, slots, completions, joints)
+        tree.levels.append(Level(turn, states, slots, parents, completions, joints, outcomes))
+        states, slots, parents = _children(outcomes, slots, len(joints))
+    return tree
+
+
+def _step_items(
+    task: Task,
+    states: list[EpisodeState],
+    slots: list[int],
+    completions: list[list[list[Completion]]],
+    joints: list[tuple[int, ...]],
+) -> list[list[Outcome]]:
+    """One ``step_group`` (one reward call) per task item over all of its branches."""
+    outcomes: list[list[Outcome]] = [[] for _ in states]
+    by_slot: dict[int, list[int]] = {}
+    for branch, slot in enumerate(slots):
+        by_slot.setdefault(slot, []).append(branch)
+    for branches in by_slot.values():
+        actions = [
+            [tuple(completions[a][b][g].text for a, g in enumerate(joint)) for joint in joints]
+            for b in branches
+        ]
+        result = task.step_group([states[b] for b in branches], actions)
+        for b, row in zip(branches, result, strict=True):
+            outcomes[b] = row
+    return outcomes
+
+
+def _children(
+    outcomes: list[list[Outcome]], slots: list[int], num_joints: int
+) -> tuple[list[EpisodeState], list[int], list[int]]:
+    states, child_slots, parents = [], [], []
+    for branch, row in enumerate(outcomes):
+        for j, outcome in enumerate(row):
+            if outcome.next_state is not None:
+                states.append(outcome.next_state)
+                child_slots.append(slots[branch])
+                parents.append(branch * num_joints + j)
+    return states, child_slots, parents
