@@ -31,7 +31,7 @@ from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
 from cmlrl_env import CoMLRLEnv
 
 __all__ = ["MAGRPOTrainer", "MAREINFORCETrainer", "MAReMaxTrainer", "MARLOOTrainer", "Sample",
-           "agent_samples"]
+           "agent_samples", "eval_chains"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,16 @@ def agent_samples(tree: RolloutTree, agent: int, agent_returns: list[torch.Tenso
                 samples.append(Sample(level.item_slot[branch], level.turn, completion.prompt_ids,
                                       completion.completion_ids, float(adv[branch, g])))
     return samples
+
+
+def eval_chains(tree: RolloutTree) -> list[list[list[str]]]:
+    """Completions of a one-sample-per-turn tree as ``[agent][item][turn]``."""
+    chains: list[list[list[str]]] = [[[] for _ in tree.items] for _ in range(tree.num_agents)]
+    for level in tree.levels:
+        for branch, slot in enumerate(level.item_slot):
+            for a in range(tree.num_agents):
+                chains[a][slot].append(level.completions[a][branch][0].text)
+    return chains
 
 
 class MAGRPOTrainer(TeamTrainer):
@@ -108,6 +118,21 @@ class MAGRPOTrainer(TeamTrainer):
 
     def _items_per_batch(self) -> int:
         return self.args.rollout_buffer_size
+
+    def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
+        """``eval_aggregator(eval_logger(...), num_turns=T)`` over every evaluated item."""
+        if self.eval_logger is None or self.eval_aggregator is None:
+            return {}
+        completions: list[list[list[str]]] = [[] for _ in range(self.num_agents)]
+        items: list[Mapping[str, Any]] = []
+        for tree in trees:
+            chains = eval_chains(tree)
+            for a in range(self.num_agents):
+                completions[a].extend(chains[a])
+            items.extend(item for item, _ in tree.items)
+        rows = self.eval_logger(agent_completions_turns=completions, batch_items=items,
+                                prompts=[item.get("prompt") for item in items])
+        return dict(self.eval_aggregator(rows, num_turns=self.args.num_turns))
 
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:

@@ -233,6 +233,7 @@ class TeamTrainer:
                 )
             )
         metrics = self._eval_metrics(trees)
+        metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})
         self.logger.log_eval(metrics, self.env_step)
         return metrics
 
@@ -242,6 +243,10 @@ class TeamTrainer:
             for key, value in self._tree_eval_values(tree).items():
                 sums.setdefault(key, []).extend(value)
         return {f"eval/{k}": float(np.mean(v)) for k, v in sums.items()}
+
+    def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
+        """Trainer-specific evaluation metrics (without the ``eval/`` prefix)."""
+        return {}
 
     def _tree_eval_values(self, tree: RolloutTree) -> dict[str, list[float]]:
         values: dict[str, list[float]] = {}
