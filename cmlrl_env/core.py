@@ -172,7 +172,8 @@ class Task:
                              f"{len(states)} state(s) and {len(joint_actions)} list(s).")
         first = states[0]
         for b, (state, acts) in enumerate(zip(states, joint_actions, strict=True)):
-            if state.item is not first.item and state.item_index != first.item_index:
+            # Compare the items themselves: indices are None for items given via options.
+            if state.item is not first.item and state.item != first.item:
                 raise ValueError(f"step_group scores branches of one task item per call, but "
                                  f"states[{b}] holds item {state.item_index}, not "
                                  f"{first.item_index}; call it once per item.")

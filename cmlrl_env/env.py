@@ -82,9 +82,10 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         self.dict_observations = dict_observations
         self.possible_agents = [f"agent_{i}" for i in range(self.task.num_agents)]
         self.agents: list[str] = []
-        prompt_space = TextSpace(max_prompt_chars)
-        self._obs_spaces = {a: spaces.Dict({"prompt": prompt_space}) if dict_observations
-                            else prompt_space for a in self.possible_agents}
+        # One space object per agent: seeding agent_1's space must not reseed agent_0's.
+        self._obs_spaces = {a: spaces.Dict({"prompt": TextSpace(max_prompt_chars)})
+                            if dict_observations else TextSpace(max_prompt_chars)
+                            for a in self.possible_agents}
         self._act_spaces = {a: TextSpace(max_completion_chars) for a in self.possible_agents}
         per_turn = max_prompt_chars + max_completion_chars + 64
         self.state_space = TextSpace(self.task.num_agents * num_turns * per_turn)

@@ -44,7 +44,8 @@ class RewardFunction:
         except (TypeError, ValueError):
             return False  # no introspectable signature: call with the completion lists only
         positional = [
-            p for p in params
+            p
+            for p in params
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "batch_items"
         ]
         required = [p for p in positional if p.default is p.empty]
@@ -54,11 +55,13 @@ class RewardFunction:
             raise TypeError(
                 f"reward_func {self.name} takes {len(positional)} positional completion "
                 f"parameter(s) ({names}) but the env has {num_agents} agent(s); it must accept one "
-                f"list of completions per agent, e.g. def {self.name}(" +
-                ", ".join(f"c{i + 1}" for i in range(num_agents)) + ", *, batch_items=None)."
+                "list of completions per agent, e.g. def reward_func("
+                + ", ".join(f"c{i + 1}" for i in range(num_agents))
+                + ", *, batch_items=None)."
             )
         extra = [
-            p.name for p in params
+            p.name
+            for p in params
             if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name != "batch_items"
         ]
         if extra:
@@ -71,8 +74,13 @@ class RewardFunction:
             for p in params
         )
 
-    def __call__(self, completions: Sequence[Sequence[str]], item: Mapping[str, Any], *,
-                 item_index: int | None = None) -> list[float]:
+    def __call__(
+        self,
+        completions: Sequence[Sequence[str]],
+        item: Mapping[str, Any],
+        *,
+        item_index: int | None = None,
+    ) -> list[float]:
         """Score ``len(completions[0])`` joint responses for one item with one call."""
         expected = len(completions[0])
         lists = [list(c) for c in completions]
@@ -82,8 +90,9 @@ class RewardFunction:
             result = self.func(*lists, **kwargs)
         except Exception as exc:
             raise add_context(
-                exc, f"raised by reward_func {self.name} while scoring {expected} joint "
-                f"response(s) of {where}."
+                exc,
+                f"raised by reward_func {self.name} while scoring {expected} joint "
+                f"response(s) of {where}.",
             ) from None
         return self._validate(result, expected, where)
 
