@@ -1,5 +1,14 @@
 """Cooperative multi-LLM tasks as a PettingZoo ``ParallelEnv`` (strings only; no torch)."""
 
+from cmlrl_env.conformance import (
+    ConformanceError,
+    TaskCheckError,
+    TaskReport,
+    check_env,
+    check_multi_turn_determinism,
+    check_task,
+    check_text_contract,
+)
 from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome, Task
 from cmlrl_env.dataset import TaskSource
 from cmlrl_env.env import CoMLRLEnv
@@ -9,7 +18,8 @@ from cmlrl_env.spaces import TextSpace
 from cmlrl_env.transitions import Transition
 
 __all__ = [
-    "CoMLRLEnv", "DEFAULT_EARLY_TERMINATION_THRESHOLD", "EpisodeState", "Formatters", "Outcome",
-    "RewardFunction", "RewardProcessors", "Task", "TaskSource", "TextSpace", "Transition",
-    "default_formatter",
+    "CoMLRLEnv", "ConformanceError", "DEFAULT_EARLY_TERMINATION_THRESHOLD", "EpisodeState",
+    "Formatters", "Outcome", "RewardFunction", "RewardProcessors", "Task", "TaskCheckError",
+    "TaskReport", "TaskSource", "TextSpace", "Transition", "check_env",
+    "check_multi_turn_determinism", "check_task", "check_text_contract", "default_formatter",
 ]

@@ -1,0 +1,249 @@
+"""``check_task``: call a task's formatters, reward and transition on samples, without a model.
+
+Users check a task before they spend GPU time on it (SPEC §4: "users can check task set,
+formatters and reward without loading a model"). ``check_task`` binds the pieces exactly as the
+env and the trainers do (``Task``), plays every turn of the first ``num_items`` task items with
+sample completions, and collects *every* contract violation instead of stopping at the first.
+
+It raises ``TaskCheckError`` (a ``ValueError``) listing all problems when there is at least one,
+and otherwise returns a ``TaskReport`` whose ``str()`` summarises what ran, with warnings for
+things that work but are probably not meant (a constant reward, a reward that depends on the
+other responses in the call, multi-turn collapsed by the early-termination threshold).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Task
+from cmlrl_env.dataset import TaskSource
+from cmlrl_env.spaces import TextSpace
+
+__all__ = ["TaskCheckError", "TaskReport", "check_task", "DEFAULT_SAMPLE_COMPLETIONS"]
+
+T = TypeVar("T")
+
+# Empty answers, short and long ones, non-ASCII text, and the kind of printable garbage that
+# PettingZoo's tests send (action_space.sample()): a reward must cope with all of them.
+DEFAULT_SAMPLE_COMPLETIONS: tuple[str, ...] = (
+    "",
+    "Hi",
+    "Hello",
+    "A somewhat longer answer, with several words and a comma, to vary the lengths.",
+    "naïve café 🙂 中文",
+    TextSpace(120, min_length=1, seed=0).sample(),
+)
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """What ``check_task`` found: ``problems`` break the contract, ``warnings`` look unintended."""
+
+    problems: tuple[str, ...]
+    warnings: tuple[str, ...]
+    checked: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = (f"check_task: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)")
+        parts = [head]
+        for title, lines in (("Problems", self.problems), ("Warnings", self.warnings),
+                             ("Checked", self.checked)):
+            if lines:
+                parts.append(f"{title}:\n" + "\n".join(f"  - {line}" for line in lines))
+        return "\n".join(parts)
+
+
+class TaskCheckError(ValueError):
+    """``check_task`` found contract violations; ``report`` holds all of them."""
+
+    def __init__(self, report: TaskReport) -> None:
+        super().__init__(str(report))
+        self.report = report
+
+
+@dataclass
+class _Recorder:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    first_error: BaseException | None = None
+    _warned: set[str] = field(default_factory=set)
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.warnings.append(message)
+
+    def attempt(self, what: str, func: Callable[[], T]) -> T | None:
+        """``func()``, or ``None`` with the error recorded as a problem of ``what``."""
+        try:
+            return func()
+        except Exception as exc:  # the user's task failed: report it and keep checking the rest
+            notes = getattr(exc, "__notes__", None)
+            detail = f"{type(exc).__name__}: {exc}" + (f" ({'; '.join(notes)})" if notes else "")
+            self.problems.append(f"{what}: {detail}")
+            self.first_error = self.first_error or exc
+            return None
+
+    def finish(self) -> TaskReport:
+        report = TaskReport(tuple(self.problems), tuple(self.warnings), tuple(self.checked))
+        if report.problems:
+            raise TaskCheckError(report) from self.first_error
+        return report
+
+
+def check_task(
+    dataset: Any,
+    formatters: Any = None,
+    reward_func: Callable[..., Any] | None = None,
+    *,
+    num_agents: int | None = None,
+    num_turns: int = 1,
+    external_transition: Callable[..., Any] | None = None,
+    reward_processor: Callable[[float], float] | None = None,
+    early_termination_threshold: float | None = DEFAULT_EARLY_TERMINATION_THRESHOLD,
+    num_items: int = 3,
+    sample_completions: Sequence[str] | Sequence[Sequence[str]] | None = None,
+) -> TaskReport:
+    """Check a task's pieces on the first ``num_items`` items, without a model.
+
+    The arguments are those of ``CoMLRLEnv`` (and the trainers). ``sample_completions`` is
+    either a list of strings, which the agents answer with in rotation (joint response ``j``
+    gives agent ``a`` the string ``(j + a) % len``), or one list per agent of equal length (the
+    joint responses, aligned). The default mixes empty, short, long, non-ASCII and random
+    printable answers (``DEFAULT_SAMPLE_COMPLETIONS``), as PettingZoo's tests do.
+
+    Every turn is played (the threshold is only used to warn when it would end every branch
+    after turn 1). Raises ``TaskCheckError`` listing every problem; returns a ``TaskReport``.
+    """
+    if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
+        raise ValueError(f"num_items must be an int >= 1, got {num_items!r}.")
+    rec = _Recorder()
+    task = rec.attempt("binding the task", lambda: Task(
+        formatters, reward_func, num_agents=num_agents, num_turns=num_turns,
+        external_transition=external_transition, reward_processor=reward_processor,
+        early_termination_threshold=None))
+    items = rec.attempt("reading the dataset", lambda: _first_items(dataset, num_items))
+    if task is None or items is None:
+        return rec.finish()
+    joint = _joint_actions(sample_completions, task.num_agents)
+    for index, item in items:
+        _check_item(task, index, item, joint, early_termination_threshold, rec)
+    return rec.finish()
+
+
+def _first_items(dataset: Any, num_items: int) -> list[tuple[int, dict[str, Any]]]:
+    source = TaskSource(dataset)
+    items: list[tuple[int, dict[str, Any]]] = []
+    for _ in range(num_items):
+        item, index = source.next()
+        if items and index == 0:  # wrapped round: fewer items than num_items
+            break
+        items.append((index, item))
+    return items
+
+
+def _joint_actions(samples: Sequence[str] | Sequence[Sequence[str]] | None,
+                   num_agents: int) -> list[tuple[str, ...]]:
+    samples = DEFAULT_SAMPLE_COMPLETIONS if samples is None else samples
+    if isinstance(samples, str) or not isinstance(samples, Sequence) or not samples:
+        raise TypeError(f"sample_completions must be a non-empty list of str, or one list per "
+                        f"agent; got {samples!r:.80}.")
+    if all(isinstance(s, str) for s in samples):
+        pool = list(samples)
+        return [tuple(pool[(j + a) % len(pool)] for a in range(num_agents))
+                for j in range(len(pool))]
+    lists = [list(s) for s in samples]
+    if (len(lists) != num_agents or len({len(s) for s in lists}) != 1 or not lists[0]
+            or not all(isinstance(t, str) for s in lists for t in s)):
+        raise ValueError(f"sample_completions as per-agent lists needs {num_agents} non-empty "
+                         f"lists of str of equal length (one per agent), got {samples!r:.120}.")
+    return list(zip(*lists, strict=True))
+
+
+def _check_item(task: Task, index: int, item: Mapping[str, Any], joint: list[tuple[str, ...]],
+                threshold: float | None, rec: _Recorder) -> None:
+    prompts = [rec.attempt(f"item {index}, formatter of agent_{a}",
+                           lambda a=a: task.formatters.format(a, item, item_index=index))
+               for a in range(task.num_agents)]
+    if any(p is None for p in prompts):
+        return
+    for a, prompt in enumerate(prompts):
+        if not prompt.strip():
+            rec.warnings.append(f"item {index}: the formatter of agent_{a} returned an empty "
+                                "prompt.")
+    states: list[EpisodeState] = [task.initial_state(item, index)]
+    rec.checked.append(f"item {index}: prompts of {[len(p) for p in prompts]} characters")
+    for turn in range(1, task.num_turns + 1):
+        where = f"item {index}, turn {turn}"
+        outcomes = rec.attempt(f"{where}, scoring {len(states) * len(joint)} joint responses",
+                               lambda s=states: task.step_group(s, [joint] * len(s)))
+        if outcomes is None:
+            return
+        flat = [o for row in outcomes for o in row]
+        rec.checked.append(f"{where}: {_summary([o.reward for o in flat])}")
+        if turn == 1:
+            _check_reward_consistency(task, index, item, joint, [o.raw_reward for o in flat], rec)
+            _warn_if_collapsed(task, index, [o.reward for o in flat], threshold, rec)
+        states = [o.next_state for o in flat if o.next_state is not None][:len(joint)]
+        if not states:
+            return
+
+
+def _check_reward_consistency(task: Task, index: int, item: Mapping[str, Any],
+                              joint: list[tuple[str, ...]], group: list[float],
+                              rec: _Recorder) -> None:
+    def score(actions: list[tuple[str, ...]]) -> list[float]:
+        return task.reward([[act[a] for act in actions] for a in range(task.num_agents)],
+                           item, item_index=index)
+
+    where = f"item {index}"
+    again = rec.attempt(f"{where}, scoring the same joint responses again", lambda: score(joint))
+    if again is not None and not _close(again, group):
+        rec.warnings.append(f"{where}: reward_func {task.reward.name} gave {again} on a second "
+                            f"call with the same completions, {group} on the first; runs will "
+                            "not be reproducible.")
+    alone = [rec.attempt(f"{where}, scoring joint response {j} alone", lambda j=j: score(
+        [joint[j]])) for j in range(len(joint))]
+    if all(a is not None for a in alone) and not _close([a[0] for a in alone], group):
+        rec.warnings.append(
+            f"{where}: reward_func {task.reward.name} scores joint responses differently alone "
+            f"({[a[0] for a in alone]}) than together ({group}); the env scores one joint "
+            "response per step while trainers score a group, so a reward should depend only on "
+            "its own joint response."
+        )
+    if len(joint) > 1 and len(set(group)) == 1:
+        rec.warnings.append(f"{where}: reward_func {task.reward.name} gave {group[0]} to every "
+                            "sample joint response; check that it reads the completions.")
+
+
+def _warn_if_collapsed(task: Task, index: int, rewards: list[float], threshold: float | None,
+                       rec: _Recorder) -> None:
+    if task.num_turns > 1 and threshold is not None and all(r > threshold for r in rewards):
+        rec.warn_once(
+            "collapse",
+            f"item {index}: every sample reward exceeds early_termination_threshold={threshold}, "
+            f"so every branch would end after turn 1 of {task.num_turns}; pass "
+            "early_termination_threshold=None to always play every turn, or a threshold only "
+            "good answers reach (e.g. 0.9)."
+        )
+
+
+def _summary(rewards: list[float]) -> str:
+    if len(rewards) <= 8:
+        return "rewards " + ", ".join(f"{r:.4g}" for r in rewards)
+    mean = sum(rewards) / len(rewards)
+    return (f"{len(rewards)} rewards from {min(rewards):.4g} to {max(rewards):.4g}, "
+            f"mean {mean:.4g}")
+
+
+def _close(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
+                                    for x, y in zip(a, b, strict=True))
