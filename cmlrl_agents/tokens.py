@@ -1,0 +1,250 @@
+"""Token bookkeeping between generation and scoring: pure functions on tensors.
+
+Three rules, each the fix for a bug in the reference library (research notes, bugs B1-B3, B12):
+
+* A completion is found by *position* (everything ``generate`` appended after the prompt width),
+  never by searching for a pad token: pad may equal EOS, and chat templates contain EOS (B1).
+* A completion ends at **and includes** its first EOS; every token after it is padding (B2).
+* Every completion token is scored, the last one and the EOS included (B3, B12).
+
+Masks are ``torch.long`` 0/1 tensors, like Hugging Face attention masks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "TokenBatch",
+    "build_batch",
+    "completion_lists",
+    "completion_mask_from_generated",
+    "left_pad",
+    "sequence_logprobs",
+]
+
+
+def _eos_tensor(eos_ids: Iterable[int] | Tensor, device: torch.device) -> Tensor:
+    ids = eos_ids if isinstance(eos_ids, Tensor) else torch.tensor(sorted(set(eos_ids)))
+    ids = ids.reshape(-1).to(device=device, dtype=torch.long)
+    if ids.numel() == 0:
+        raise ValueError(
+            "eos_ids is empty; pass the tokenizer's EOS id(s), e.g. agent.eos_token_ids, "
+            "so that completions can end"
+        )
+    return ids
+
+
+def completion_mask_from_generated(
+    generated: Tensor, prompt_len: int, eos_ids: Iterable[int] | Tensor
+) -> tuple[Tensor, Tensor]:
+    """Split the output of ``generate`` on a left-padded batch into completions.
+
+    Args:
+        generated: ``[B, P + T]`` token ids: the (left-padded) prompt batch of width ``P`` followed
+            by the ``T`` tokens ``generate`` appended.
+        prompt_len: ``P``, the width of the padded prompt batch given to ``generate``.
+        eos_ids: the ids that end a completion (a set, a list or a tensor).
+
+    Returns:
+        ``(ids, mask)``, both ``[B, T]``: ``ids`` are the new tokens and ``mask[b, t] = 1`` iff
+        token ``t`` belongs to row ``b``'s completion, i.e. lies at or before its first EOS
+        (all ``T`` tokens when no EOS was generated). The prompt part is never inspected.
+    """
+    if generated.dim() != 2:
+        raise ValueError(
+            f"generated must be a 2-D [batch, prompt_len + new_tokens] tensor, got shape "
+            f"{tuple(generated.shape)}; pass the tensor returned by model.generate"
+        )
+    if not 0 <= prompt_len <= generated.shape[1]:
+        raise ValueError(
+            f"prompt_len={prompt_len} is outside [0, {generated.shape[1]}] (the width of "
+            "generated); pass input_ids.shape[1] of the batch given to generate"
+        )
+    ids = generated[:, prompt_len:]
+    is_eos = torch.isin(ids, _eos_tensor(eos_ids, ids.device)).long()
+    # Tokens with no EOS strictly before them: the completion up to and including the first EOS.
+    eos_before = is_eos.cumsum(dim=1) - is_eos
+    return ids, (eos_before == 0).long()
+
+
+def completion_lists(ids: Tensor, mask: Tensor) -> list[list[int]]:
+    """The kept tokens of each row of ``ids`` (``mask`` is a prefix mask per row)."""
+    lengths = mask.sum(dim=1).tolist()
+    return [row[:n] for row, n in zip(ids.tolist(), lengths, strict=True)]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad token rows into ``(input_ids, attention_mask)``, both ``[B, max_len]``.
+
+    Decoder-only ``generate`` needs left padding so every row's next token follows its last real
+    token.
+    """
+    if not rows:
+        raise ValueError("rows is empty; pass at least one token list to pad")
+    width = max(len(r) for r in rows)
+    if width == 0:
+        raise ValueError("every row is empty; a prompt needs at least one token")
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        if row:
+            input_ids[b, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+            attention_mask[b, width - len(row) :] = 1
+    return input_ids, attention_mask
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Rows of prompt + completion, right-padded, ready for one scoring forward.
+
+    ``completion_mask[b, t] = 1`` iff ``input_ids[b, t]`` is a completion token (a target to
+    score); prompt and padding positions are 0.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+
+    def __post_init__(self) -> None:
+        shapes = {
+            tuple(t.shape) for t in (self.input_ids, self.attention_mask, self.completion_mask)
+        }
+        if len(shapes) != 1 or self.input_ids.dim() != 2:
+            raise ValueError(
+                "TokenBatch tensors must share one [batch, length] shape, got input_ids "
+                f"{tuple(self.input_ids.shape)}, attention_mask "
+                f"{tuple(self.attention_mask.shape)}, completion_mask "
+                f"{tuple(self.completion_mask.shape)}; build it with build_batch"
+            )
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        return TokenBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.completion_mask.to(device),
+        )
+
+    @property
+    def completion_lengths(self) -> Tensor:
+        """``[B]`` number of completion tokens per row."""
+        return self.completion_mask.sum(dim=1)
+
+
+def build_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_id: int,
+) -> TokenBatch:
+    """Concatenate each prompt with its completion and right-pad the rows.
+
+    Right padding keeps every row's real tokens at positions ``0..len-1``, the same positions
+    left-padded generation gave them (``generate`` derives positions from the attention mask).
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(
+            f"prompt_ids has {len(prompt_ids)} rows but completion_ids has {len(completion_ids)}; "
+            "pass one prompt per completion (repeat a prompt for each of its samples)"
+        )
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty; pass at least one (prompt, completion) pair")
+    for b, prompt in enumerate(prompt_ids):
+        if len(prompt) == 0:
+            raise ValueError(
+                f"prompt_ids[{b}] is empty; the first completion token needs at least one prompt "
+                "token before it to be scored (e.g. BOS or the chat template)"
+            )
+    width = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True))
+    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    completion_mask = torch.zeros_like(input_ids)
+    for b, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        n_p, n = len(prompt), len(prompt) + len(completion)
+        input_ids[b, :n] = torch.as_tensor([*prompt, *completion], dtype=torch.long)
+        attention_mask[b, :n] = 1
+        completion_mask[b, n_p:n] = 1
+    return TokenBatch(input_ids, attention_mask, completion_mask)
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    # PEFT wrappers forward **kwargs to the base model, so look at the model that computes logits.
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _check_vocab(model: nn.Module, input_ids: Tensor) -> None:
+    # The embedding lookup would fail with a bare "index out of range in self".
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    top = int(input_ids.max()) if input_ids.numel() else 0
+    if vocab is not None and top >= vocab:
+        raise ValueError(
+            f"token id {top} is outside the model's vocabulary of {vocab}; the tokenizer and the "
+            "model do not match (resize the embeddings after adding tokens)"
+        )
+
+
+def _gather_logprobs(logits: Tensor, targets: Tensor, chunk: int | None) -> Tensor:
+    """``log_softmax(logits)[..., target]`` as ``target_logit - logsumexp``, ``chunk`` positions
+    at a time so the float32 copy of ``[B, chunk, V]`` is the largest temporary."""
+    step = chunk or max(logits.shape[1], 1)
+    pieces = []
+    for start in range(0, logits.shape[1], step):
+        part = logits[:, start : start + step].float()
+        target = targets[:, start : start + step].unsqueeze(-1)
+        pieces.append(part.gather(-1, target).squeeze(-1) - part.logsumexp(dim=-1))
+    if not pieces:
+        return logits.new_zeros(targets.shape, dtype=torch.float32)
+    return torch.cat(pieces, dim=1)
+
+
+def sequence_logprobs(model: nn.Module, batch: TokenBatch, *, chunk: int | None = None) -> Tensor:
+    """Per-token log-probabilities of ``batch.input_ids`` under ``model``, from one forward.
+
+    Returns a float32 ``[B, L]`` tensor aligned with ``input_ids``: entry ``[b, t]`` is
+    ``log p(input_ids[b, t] | input_ids[b, :t])`` where ``completion_mask[b, t] = 1`` and 0
+    elsewhere; sum over ``t`` for a sequence log-prob. Logits are only computed from the first
+    position any row needs (the last prompt token of the shortest prompt), which skips the
+    vocabulary projection of shared prompt prefixes. Works with and without autograd.
+
+    Args:
+        model: a causal LM returning ``.logits`` (Hugging Face or PEFT).
+        batch: from :func:`build_batch`, on the model's device.
+        chunk: positions per log-softmax step; bounds the float32 ``[B, chunk, vocab]`` temporary.
+    """
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
+    mask = batch.completion_mask
+    length = mask.shape[1]
+    if bool(mask[:, 0].any()):
+        raise ValueError(
+            "completion_mask marks position 0, which has no preceding token to predict it; "
+            "every row needs at least one prompt token (use build_batch)"
+        )
+    has_completion = mask.any(dim=0)
+    first = int(has_completion.nonzero()[0, 0]) if bool(has_completion.any()) else length
+    keep = length - first + 1  # logits at positions first-1 .. L-1; the last one predicts nothing
+    _check_vocab(model, batch.input_ids)
+    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **kwargs
+    )
+    logits = out.logits[:, -keep:]
+    if logits.shape[1] != keep:
+        raise ValueError(
+            f"the model returned logits for {out.logits.shape[1]} positions, expected at least "
+            f"{keep}; pass a causal LM whose output has one logit row per input token"
+        )
+    targets = batch.input_ids[:, first:]
+    token_lp = _gather_logprobs(logits[:, :-1], targets, chunk)
+    token_lp = torch.cat([token_lp.new_zeros(token_lp.shape[0], first), token_lp], dim=1)
+    # where(), not multiply: non-finite logits at padding must not leak in as NaN.
+    return torch.where(mask.bool(), token_lp, torch.zeros_like(token_lp))
