@@ -1,0 +1,32 @@
+"""LLM-policy agents and learners that train on ``cmlrl_env.CoMLRLEnv``."""
+
+from cmlrl_agents.magrpo import (
+    MAGRPOTrainer,
+    MAREINFORCETrainer,
+    MAReMaxTrainer,
+    MARLOOTrainer,
+)
+from cmlrl_agents.magrpo_config import (
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+)
+from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, smollm2_path
+from cmlrl_agents.scripted import ScriptedPolicy
+
+__all__ = [
+    "Completion",
+    "LLMAgent",
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "MAREINFORCEConfig",
+    "MAREINFORCETrainer",
+    "MAReMaxConfig",
+    "MAReMaxTrainer",
+    "MARLOOConfig",
+    "MARLOOTrainer",
+    "SamplingConfig",
+    "ScriptedPolicy",
+    "smollm2_path",
+]
