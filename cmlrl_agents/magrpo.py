@@ -30,8 +30,15 @@ from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
 from cmlrl_env import CoMLRLEnv
 
-__all__ = ["MAGRPOTrainer", "MAREINFORCETrainer", "MAReMaxTrainer", "MARLOOTrainer", "Sample",
-           "agent_samples", "eval_chains"]
+__all__ = [
+    "MAGRPOTrainer",
+    "MAREINFORCETrainer",
+    "MAReMaxTrainer",
+    "MARLOOTrainer",
+    "Sample",
+    "agent_samples",
+    "eval_chains",
+]
 
 
 @dataclass(frozen=True)
@@ -45,16 +52,28 @@ class Sample:
     advantage: float
 
 
-def agent_samples(tree: RolloutTree, agent: int, agent_returns: list[torch.Tensor],
-                  advantage_mode: str, advantage_normalization: bool) -> list[Sample]:
+def agent_samples(
+    tree: RolloutTree,
+    agent: int,
+    agent_returns: list[torch.Tensor],
+    advantage_mode: str,
+    advantage_normalization: bool,
+) -> list[Sample]:
     """Every completion of ``agent`` in the tree, its advantage taken over its G siblings."""
     samples = []
     for level, returns in zip(tree.levels, agent_returns, strict=True):
         adv = group_advantages(returns[:, agent, :], advantage_mode, advantage_normalization)
         for branch, row in enumerate(level.completions[agent]):
             for g, completion in enumerate(row):
-                samples.append(Sample(level.item_slot[branch], level.turn, completion.prompt_ids,
-                                      completion.completion_ids, float(adv[branch, g])))
+                samples.append(
+                    Sample(
+                        level.item_slot[branch],
+                        level.turn,
+                        completion.prompt_ids,
+                        completion.completion_ids,
+                        float(adv[branch, g]),
+                    )
+                )
     return samples
 
 
@@ -79,36 +98,57 @@ class MAGRPOTrainer(TeamTrainer):
     algorithm = "magrpo"
     config_class: type[MAGRPOConfig] = MAGRPOConfig
 
-    def __init__(self, agent_model: Any = None, agents: Sequence[Any] | None = None,
-                 num_agents: int | None = None, tokenizer: Any = None,
-                 model_config: Mapping[str, Any] | None = None,
-                 train_dataset: Dataset | IterableDataset | None = None,
-                 eval_dataset: Dataset | IterableDataset | None = None,
-                 reward_func: Callable[..., Any] | None = None,
-                 reward_processor: Callable[[float], float] | None = None,
-                 formatters: Any = None, external_transition: Callable[..., Any] | None = None,
-                 wandb_config: Mapping[str, Any] | None = None,
-                 eval_logger: Callable[..., Any] | None = None,
-                 eval_aggregator: Callable[..., Any] | None = None,
-                 args: MAGRPOConfig | None = None, env: CoMLRLEnv | None = None) -> None:
+    def __init__(
+        self,
+        agent_model: Any = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: Mapping[str, Any] | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | IterableDataset | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Any = None,
+        external_transition: Callable[..., Any] | None = None,
+        wandb_config: Mapping[str, Any] | None = None,
+        eval_logger: Callable[..., Any] | None = None,
+        eval_aggregator: Callable[..., Any] | None = None,
+        args: MAGRPOConfig | None = None,
+        env: CoMLRLEnv | None = None,
+    ) -> None:
         args = self.config_class() if args is None else args
         if not isinstance(args, MAGRPOConfig):
-            raise TypeError(f"args must be a MAGRPOConfig (or a REINFORCE-family config), got "
-                            f"{type(args).__name__}.")
+            raise TypeError(
+                f"args must be a MAGRPOConfig (or a REINFORCE-family config), got "
+                f"{type(args).__name__}."
+            )
         if (eval_logger is None) != (eval_aggregator is None):
-            raise ValueError("eval_logger and eval_aggregator work together: pass both or "
-                             "neither.")
-        super().__init__(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
-                         tokenizer=tokenizer, model_config=model_config,
-                         train_dataset=train_dataset, eval_dataset=eval_dataset,
-                         reward_func=reward_func, reward_processor=reward_processor,
-                         formatters=formatters, external_transition=external_transition,
-                         env=env, wandb_config=wandb_config)
+            raise ValueError("eval_logger and eval_aggregator work together: pass both or neither.")
+        super().__init__(
+            args=args,
+            agent_model=agent_model,
+            agents=agents,
+            num_agents=num_agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_func=reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            env=env,
+            wandb_config=wandb_config,
+        )
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.optimizers = [_adamw(agent.model, args.agent_learning_rate) for agent in self.agents]
-        self.reference_models = ([_frozen_copy(agent.model) for agent in self.agents]
-                                 if args.reference_kl_enabled else None)
+        self.reference_models = (
+            [_frozen_copy(agent.model) for agent in self.agents]
+            if args.reference_kl_enabled
+            else None
+        )
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluate on the first ``num_eval_samples`` eval items (default
@@ -130,21 +170,31 @@ class MAGRPOTrainer(TeamTrainer):
             for a in range(self.num_agents):
                 completions[a].extend(chains[a])
             items.extend(item for item, _ in tree.items)
-        rows = self.eval_logger(agent_completions_turns=completions, batch_items=items,
-                                prompts=[item.get("prompt") for item in items])
+        rows = self.eval_logger(
+            agent_completions_turns=completions,
+            batch_items=items,
+            prompts=[item.get("prompt") for item in items],
+        )
         return dict(self.eval_aggregator(rows, num_turns=self.args.num_turns))
 
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
         args = self.args
-        tree = collect_tree(self.task, self.agents, items, num_generations=args.num_generations,
-                            sampling=self.sampling, joint_mode=args.joint_mode)
+        tree = collect_tree(
+            self.task,
+            self.agents,
+            items,
+            num_generations=args.num_generations,
+            sampling=self.sampling,
+            joint_mode=args.joint_mode,
+        )
         metrics = turn_metrics(tree, tree.returns(args.discount))
         agent_returns = tree.agent_returns(args.discount)
         losses, norms = [], []
         for a in range(self.num_agents):
-            samples = agent_samples(tree, a, agent_returns, args.advantage_mode,
-                                    args.advantage_normalization)
+            samples = agent_samples(
+                tree, a, agent_returns, args.advantage_mode, args.advantage_normalization
+            )
             stats = self._update_agent(a, samples)
             for level, returns in zip(tree.levels, agent_returns, strict=True):
                 stats[f"turn_{level.turn}/expected_return"] = float(returns[:, a].mean())
@@ -162,7 +212,7 @@ class MAGRPOTrainer(TeamTrainer):
         slots = sorted({s.item_slot for s in samples})
         stats: dict[str, list[float]] = defaultdict(list)
         for i in range(0, len(slots), per_step):
-            chosen = set(slots[i:i + per_step])
+            chosen = set(slots[i : i + per_step])
             step_stats = self._optimizer_step(a, [s for s in samples if s.item_slot in chosen])
             for key, value in step_stats.items():
                 stats[key].append(value)
@@ -176,7 +226,7 @@ class MAGRPOTrainer(TeamTrainer):
         size = args.forward_batch_size or len(samples)
         loss_sum, kl_by_turn = 0.0, defaultdict(list)
         for start in range(0, len(samples), size):
-            chunk = samples[start:start + size]
+            chunk = samples[start : start + size]
             loss, kl = self._chunk_loss(a, chunk, len(samples), total_tokens)
             loss.backward()
             loss_sum += float(loss.detach())
@@ -194,12 +244,14 @@ class MAGRPOTrainer(TeamTrainer):
             stats[f"turn_{turn}/reference_kl_penalty_mean"] = args.reference_kl_coef * mean
         return stats
 
-    def _chunk_loss(self, a: int, chunk: list[Sample], num_samples: int, total_tokens: int
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _chunk_loss(
+        self, a: int, chunk: list[Sample], num_samples: int, total_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """This chunk's share of the step loss, scaled so that chunking changes nothing."""
         agent, args = self.agents[a], self.args
-        batch = build_batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
-                            agent.pad_token_id).to(agent.device)
+        batch = build_batch(
+            [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], agent.pad_token_id
+        ).to(agent.device)
         logprobs = sequence_logprobs(agent.model, batch)
         mask = batch.completion_mask
         advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
@@ -221,8 +273,10 @@ class MAGRPOTrainer(TeamTrainer):
 def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError("the agent's model has no trainable parameters (requires_grad=False "
-                         "everywhere); unfreeze some, or wrap it with a LoRA adapter.")
+        raise ValueError(
+            "the agent's model has no trainable parameters (requires_grad=False "
+            "everywhere); unfreeze some, or wrap it with a LoRA adapter."
+        )
     return torch.optim.AdamW(params, lr=lr, foreach=True)
 
 

@@ -65,25 +65,23 @@ class TeamTrainer:
         wandb_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.args = args
-        self.env = (
-            env
-            if env is not None
-            else self._build_env(
-                train_dataset, formatters, reward_func, reward_processor, external_transition
-            )
-        )
-        if env is not None:
-            self._check_env(
-                train_dataset, formatters, reward_func, reward_processor, external_transition
-            )
-        self.task: Task = self.env.task
         n = resolve_num_agents(
             num_agents=num_agents,
             **{"args.num_agents": args.num_agents},
             agents=None if agents is None else len(agents),
-            env=self.task.num_agents,
+            formatters=len(formatters) if isinstance(formatters, (list, tuple)) else None,
+            env=None if env is None else env.task.num_agents,
         )
         self.num_agents = n
+        if env is not None:
+            given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
+            self._check_env(env, *given)
+        else:
+            env = self._build_env(
+                train_dataset, formatters, reward_func, reward_processor, external_transition, n
+            )
+        self.env = env
+        self.task: Task = env.task
         self.agents: list[LLMAgent] = build_agents(
             agent_model=agent_model,
             agents=agents,
@@ -108,15 +106,18 @@ class TeamTrainer:
 
     # -- construction helpers ---------------------------------------------------------------
     def _build_env(
-        self, dataset: Any, formatters: Any, reward_func: Any, processor: Any, transition: Any
+        self,
+        dataset: Any,
+        formatters: Any,
+        reward_func: Any,
+        processor: Any,
+        transition: Any,
+        num_agents: int,
     ) -> CoMLRLEnv:
         if dataset is None:
             raise ValueError("train_dataset is required (or pass env=CoMLRLEnv(...)).")
         if reward_func is None:
             raise ValueError("reward_func is required (or pass env=CoMLRLEnv(...)).")
-        num_agents = self.args.num_agents
-        if isinstance(formatters, (list, tuple)):
-            num_agents = None  # the formatters list sizes the task; resolve_num_agents checks
         return CoMLRLEnv(
             dataset,
             formatters,
@@ -128,14 +129,14 @@ class TeamTrainer:
             early_termination_threshold=self.args.early_termination_threshold,
         )
 
-    def _check_env(self, *given: Any) -> None:
+    def _check_env(self, env: CoMLRLEnv, *given: Any) -> None:
         if any(g is not None for g in given):
             raise ValueError(
                 "env= already holds the dataset, formatters, reward_func, "
                 "reward_processor and external_transition; pass them to CoMLRLEnv, "
                 "not to the trainer as well."
             )
-        task = self.env.task
+        task = env.task
         for name in ("num_turns", "early_termination_threshold"):
             if getattr(task, name) != getattr(self.args, name):
                 raise ValueError(

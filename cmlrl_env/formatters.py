@@ -75,8 +75,14 @@ class Formatters:
     def __len__(self) -> int:
         return len(self.funcs)
 
-    def format(self, agent: int, item: Mapping[str, Any], *, item_index: int | None = None,
-               external_prompt: str | None = None) -> str:
+    def format(
+        self,
+        agent: int,
+        item: Mapping[str, Any],
+        *,
+        item_index: int | None = None,
+        external_prompt: str | None = None,
+    ) -> str:
         """The prompt agent ``agent`` sees for ``item`` (and the transition's prompt, if any)."""
         func = self.funcs[agent]
         kwargs: dict[str, Any] = {}
@@ -89,8 +95,9 @@ class Formatters:
             prompt = func(item, **kwargs)
         except Exception as exc:
             raise add_context(
-                exc, f"raised by the formatter of agent_{agent} ({describe_callable(func)}) on "
-                f"{where}; the item's fields are {sorted(item)}."
+                exc,
+                f"raised by the formatter of agent_{agent} ({describe_callable(func)}) on "
+                f"{where}; the item's fields are {sorted(item)}.",
             ) from None
         if not isinstance(prompt, str):
             raise TypeError(

@@ -21,8 +21,9 @@ DEFAULT_MAX_CHARS = 65_536
 class TextSpace(spaces.Text):
     """Any Unicode string of ``min_length`` to ``max_length`` characters (not tokens)."""
 
-    def __init__(self, max_length: int = DEFAULT_MAX_CHARS, *, min_length: int = 0,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, max_length: int = DEFAULT_MAX_CHARS, *, min_length: int = 0, seed: int | None = None
+    ) -> None:
         super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
 
     def contains(self, x: Any) -> bool:
@@ -32,8 +33,11 @@ class TextSpace(spaces.Text):
         return f"TextSpace(min_length={self.min_length}, max_length={self.max_length})"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, TextSpace) and self.min_length == other.min_length
-                and self.max_length == other.max_length)
+        return (
+            isinstance(other, TextSpace)
+            and self.min_length == other.min_length
+            and self.max_length == other.max_length
+        )
 
     def __hash__(self) -> int:
         return hash((TextSpace, self.min_length, self.max_length))

@@ -13,8 +13,14 @@ from typing import Any
 from datasets import Dataset
 
 __all__ = [
-    "LENGTH_RATIO_PROMPTS", "length_ratio_dataset", "length_ratio_splits", "brief_formatter",
-    "detailed_formatter", "length_ratio_reward", "feedback_dataset", "feedback_ratio_reward",
+    "LENGTH_RATIO_PROMPTS",
+    "length_ratio_dataset",
+    "length_ratio_splits",
+    "brief_formatter",
+    "detailed_formatter",
+    "length_ratio_reward",
+    "feedback_dataset",
+    "feedback_ratio_reward",
     "length_feedback",
 ]
 
@@ -35,8 +41,9 @@ LENGTH_RATIO_PROMPTS = (
 def length_ratio_dataset() -> Dataset:
     """The seed's 10 task items with ``target_min=2.0`` and ``target_max=3.0``."""
     n = len(LENGTH_RATIO_PROMPTS)
-    return Dataset.from_dict({"prompt": list(LENGTH_RATIO_PROMPTS), "target_min": [2.0] * n,
-                              "target_max": [3.0] * n})
+    return Dataset.from_dict(
+        {"prompt": list(LENGTH_RATIO_PROMPTS), "target_min": [2.0] * n, "target_max": [3.0] * n}
+    )
 
 
 def length_ratio_splits() -> tuple[Dataset, Dataset]:
@@ -53,8 +60,12 @@ def detailed_formatter(item: Mapping[str, Any]) -> str:
     return f"Write a detailed response to this task:\n{item['prompt']}"
 
 
-def length_ratio_reward(brief_completions: Sequence[str], detailed_completions: Sequence[str],
-                        *, batch_items: Sequence[Mapping[str, Any]]) -> list[float]:
+def length_ratio_reward(
+    brief_completions: Sequence[str],
+    detailed_completions: Sequence[str],
+    *,
+    batch_items: Sequence[Mapping[str, Any]],
+) -> list[float]:
     """``exp(-distance)`` of ``len(detailed) / len(brief)`` from ``[target_min, target_max]``."""
     item = batch_items[0]
     rewards = []
@@ -81,8 +92,7 @@ def feedback_dataset() -> Dataset:
     return Dataset.from_dict({"prompt": list(FEEDBACK_PROMPTS)})
 
 
-def feedback_ratio_reward(completions1: Sequence[str], completions2: Sequence[str]
-                          ) -> list[float]:
+def feedback_ratio_reward(completions1: Sequence[str], completions2: Sequence[str]) -> list[float]:
     """Seed 002: ``exp(-distance)`` of the second answer's length ratio from ``[2, 3]``."""
     rewards = []
     for first, second in zip(completions1, completions2, strict=True):
@@ -92,8 +102,9 @@ def feedback_ratio_reward(completions1: Sequence[str], completions2: Sequence[st
     return rewards
 
 
-def length_feedback(prompt: str, agent_completions: Sequence[str], num_agents: int,
-                    **history: Any) -> list[str]:
+def length_feedback(
+    prompt: str, agent_completions: Sequence[str], num_agents: int, **history: Any
+) -> list[str]:
     """Seed 002's transition: report each answer's length and the ratio, ask for a better one."""
     lengths = [len(text) for text in agent_completions]
     ratio = lengths[1] / max(lengths[0], 1)

@@ -41,25 +41,37 @@ class Transition:
             )
         self.history_keywords = tuple(k for k in HISTORY_KEYWORDS if var_kw or k in params)
 
-    def __call__(self, item: Mapping[str, Any], joint_action: Sequence[str], *,
-                 prompt_history: Sequence[Sequence[str]],
-                 response_history: Sequence[Sequence[str]],
-                 item_index: int | None = None) -> list[str]:
+    def __call__(
+        self,
+        item: Mapping[str, Any],
+        joint_action: Sequence[str],
+        *,
+        prompt_history: Sequence[Sequence[str]],
+        response_history: Sequence[Sequence[str]],
+        item_index: int | None = None,
+    ) -> list[str]:
         where = f"item {item_index}" if item_index is not None else "the given item"
         if "prompt" not in item:
             raise KeyError(
                 f"external_transition receives prompt=item['prompt'], but {where} has only "
                 f"{sorted(item)}; add a 'prompt' field to the task items."
             )
-        history = {"prompt_history_per_agent": [list(h) for h in prompt_history],
-                   "response_history_per_agent": [list(h) for h in response_history]}
+        history = {
+            "prompt_history_per_agent": [list(h) for h in prompt_history],
+            "response_history_per_agent": [list(h) for h in response_history],
+        }
         kwargs = {k: history[k] for k in self.history_keywords}
         try:
-            prompts = self.func(prompt=item["prompt"], agent_completions=list(joint_action),
-                                num_agents=self.num_agents, **kwargs)
+            prompts = self.func(
+                prompt=item["prompt"],
+                agent_completions=list(joint_action),
+                num_agents=self.num_agents,
+                **kwargs,
+            )
         except Exception as exc:
-            raise add_context(exc, f"raised by external_transition {self.name} on {where}.") \
-                from None
+            raise add_context(
+                exc, f"raised by external_transition {self.name} on {where}."
+            ) from None
         if not isinstance(prompts, (list, tuple)) or len(prompts) != self.num_agents:
             got = len(prompts) if isinstance(prompts, (list, tuple)) else type(prompts).__name__
             raise ValueError(

@@ -34,6 +34,7 @@ def table_reward(table, calls):
     def reward(c1, c2):
         calls.append((list(c1), list(c2)))
         return [table[a] for a in c1]
+
     return reward
 
 
@@ -44,8 +45,14 @@ def test_two_turn_aligned_tree_returns_by_hand():
     # Turn 1: joint actions "0" (r=0.5) and "1" (r=0.1); each is expanded into 2 children.
     table = {"0": 0.5, "1": 0.1, "0/0": 1.0, "0/1": 0.4, "1/0": 0.2, "1/1": 0.0}
     calls: list = []
-    task = Task(None, table_reward(table, calls), num_agents=2, num_turns=2,
-                external_transition=next_prompt_is_answer, early_termination_threshold=None)
+    task = Task(
+        None,
+        table_reward(table, calls),
+        num_agents=2,
+        num_turns=2,
+        external_transition=next_prompt_is_answer,
+        early_termination_threshold=None,
+    )
     agents = [path_policy(), path_policy()]
     tree = collect_tree(task, agents, [ITEM], num_generations=2, sampling=SAMPLING)
 
@@ -73,10 +80,17 @@ def test_two_turn_aligned_tree_returns_by_hand():
 def test_three_turn_tree_with_early_termination_by_hand():
     # threshold 0.9 ends "0" (1.0) after turn 1 and "1/1" (0.95) after turn 2.
     table = {"0": 1.0, "1": 0.3, "1/0": 0.5, "1/1": 0.95, "1/0/0": 0.2, "1/0/1": 0.4}
-    task = Task(None, table_reward(table, []), num_agents=2, num_turns=3,
-                external_transition=next_prompt_is_answer, early_termination_threshold=0.9)
-    tree = collect_tree(task, [path_policy(), path_policy()], [ITEM], num_generations=2,
-                        sampling=SAMPLING)
+    task = Task(
+        None,
+        table_reward(table, []),
+        num_agents=2,
+        num_turns=3,
+        external_transition=next_prompt_is_answer,
+        early_termination_threshold=0.9,
+    )
+    tree = collect_tree(
+        task, [path_policy(), path_policy()], [ITEM], num_generations=2, sampling=SAMPLING
+    )
     assert [len(level.states) for level in tree.levels] == [1, 1, 1]
     assert tree.env_steps == 6
     outcomes = tree.levels[0].outcomes[0]
@@ -101,8 +115,14 @@ def test_cross_mode_credits_the_mean_over_joint_actions():
         return [table[(a, b)] for a, b in zip(c1, c2, strict=True)]
 
     task = Task(None, reward, num_agents=2)
-    tree = collect_tree(task, [path_policy(), path_policy()], [ITEM], num_generations=2,
-                        sampling=SAMPLING, joint_mode="cross")
+    tree = collect_tree(
+        task,
+        [path_policy(), path_policy()],
+        [ITEM],
+        num_generations=2,
+        sampling=SAMPLING,
+        joint_mode="cross",
+    )
     assert calls == [4] and tree.env_steps == 4
     assert tree.levels[0].joints == [(0, 0), (0, 1), (1, 0), (1, 1)]
     credit = tree.agent_returns(1.0)[0]
@@ -123,10 +143,20 @@ def test_one_turn_tree_equals_flat():
     """A 2-turn task whose every branch ends after turn 1 trains exactly like 1 turn."""
     table = {"0": 0.5, "1": 0.1, "2": 0.7}
     flat = Task(None, table_reward(table, []), num_agents=2)
-    ended = Task(None, table_reward(table, []), num_agents=2, num_turns=2,
-                 external_transition=next_prompt_is_answer, early_termination_threshold=-1.0)
-    trees = [collect_tree(t, [path_policy(), path_policy()], [ITEM, ITEM], num_generations=3,
-                          sampling=SAMPLING) for t in (flat, ended)]
+    ended = Task(
+        None,
+        table_reward(table, []),
+        num_agents=2,
+        num_turns=2,
+        external_transition=next_prompt_is_answer,
+        early_termination_threshold=-1.0,
+    )
+    trees = [
+        collect_tree(
+            t, [path_policy(), path_policy()], [ITEM, ITEM], num_generations=3, sampling=SAMPLING
+        )
+        for t in (flat, ended)
+    ]
     for tree in trees:
         torch.testing.assert_close(tree.returns(0.9)[0], tree.levels[0].rewards)
     samples = [agent_samples(t, 1, t.agent_returns(0.9), "rloo", False) for t in trees]
@@ -136,13 +166,15 @@ def test_one_turn_tree_equals_flat():
 def test_reinforce_family_advantages_differ_on_the_same_rewards():
     table = {"0": 0.5, "1": 0.1, "2": 0.9, "3": 0.2}
     task = Task(None, table_reward(table, []), num_agents=2)
-    tree = collect_tree(task, [path_policy(), path_policy()], [ITEM], num_generations=4,
-                        sampling=SAMPLING)
+    tree = collect_tree(
+        task, [path_policy(), path_policy()], [ITEM], num_generations=4, sampling=SAMPLING
+    )
     returns = tree.agent_returns(1.0)
     advantages = {}
     for config in (MAGRPOConfig(), MAREINFORCEConfig(), MAReMaxConfig(), MARLOOConfig()):
-        samples = agent_samples(tree, 0, returns, config.advantage_mode,
-                                config.advantage_normalization)
+        samples = agent_samples(
+            tree, 0, returns, config.advantage_mode, config.advantage_normalization
+        )
         advantages[type(config).__name__] = [round(s.advantage, 4) for s in samples]
     # R = [0.5, 0.1, 0.9, 0.2], mean 0.425, max 0.9, std_pop 0.3112
     assert advantages["MAREINFORCEConfig"] == [0.5, 0.1, 0.9, 0.2]
@@ -163,8 +195,7 @@ def test_reward_sees_every_branch_of_one_item_with_batch_items():
 
     task = Task(None, reward, num_agents=2)
     items = [({"prompt": "root", "id": i}, i) for i in range(3)]
-    collect_tree(task, [path_policy(), path_policy()], items, num_generations=2,
-                 sampling=SAMPLING)
+    collect_tree(task, [path_policy(), path_policy()], items, num_generations=2, sampling=SAMPLING)
     assert [b[0]["id"] for b in seen] == [0, 1, 2]
 
 
@@ -172,6 +203,7 @@ def test_dataset_items_reach_the_tree_in_order():
     data = Dataset.from_dict({"prompt": ["root", "root"], "k": [7, 8]})
     task = Task(None, lambda a, b, *, batch_items: [batch_items[0]["k"]] * len(a), num_agents=2)
     items = [(dict(data[i]), i) for i in range(2)]
-    tree = collect_tree(task, [path_policy(), path_policy()], items, num_generations=2,
-                        sampling=SAMPLING)
+    tree = collect_tree(
+        task, [path_policy(), path_policy()], items, num_generations=2, sampling=SAMPLING
+    )
     torch.testing.assert_close(tree.levels[0].rewards, torch.tensor([[7.0, 7.0], [8.0, 8.0]]))
