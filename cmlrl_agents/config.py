@@ -102,6 +102,8 @@ class SharedConfig(ValidatedConfig):
     """AdamW learning rate of every agent."""
     max_new_tokens: int = 128
     """Generation cap per completion (tokens)."""
+    min_new_tokens: int = 0
+    """No EOS before this many tokens (0: off); used to force equal lengths in benchmarks."""
     temperature: float = 0.6
     top_p: float = 0.6
     top_k: int | None = 50
@@ -137,7 +139,13 @@ class SharedConfig(ValidatedConfig):
         self._int("max_new_tokens", 1)
         self._real("temperature", 0.0, low_open=True)
         self._real("top_p", 0.0, 1.0, low_open=True)
-        self._int("top_k", 0, optional=True)
+        self._int("top_k", 1, optional=True)
+        self._int("min_new_tokens", 0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} is larger than max_new_tokens="
+                f"{self.max_new_tokens}; lower min_new_tokens or raise max_new_tokens."
+            )
         self._real("discount", 0.0, 1.0)
         self._real("early_termination_threshold", optional=True)
         self._int("eval_interval", 0)

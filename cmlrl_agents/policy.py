@@ -62,6 +62,8 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int | None = None
     do_sample: bool = True
+    min_new_tokens: int = 0
+    """EOS is suppressed before this many tokens (0: off); benchmarks force equal lengths."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -77,14 +79,20 @@ class SamplingConfig:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
         if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 1):
             raise ValueError(f"top_k={self.top_k!r} must be a positive int, or None to disable it")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} must be in [0, max_new_tokens="
+                f"{self.max_new_tokens}]"
+            )
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``model.generate``; every field is explicit so the model's own
         ``generation_config`` defaults cannot silently change the sampling."""
+        lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
         if not self.do_sample:
-            return {"max_new_tokens": self.max_new_tokens, "do_sample": False, "num_beams": 1}
+            return {**lengths, "do_sample": False, "num_beams": 1}
         return {
-            "max_new_tokens": self.max_new_tokens,
+            **lengths,
             "do_sample": True,
             "num_beams": 1,
             "temperature": self.temperature,

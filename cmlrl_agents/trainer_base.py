@@ -148,7 +148,11 @@ class TeamTrainer:
     def sampling(self) -> SamplingConfig:
         a = self.args
         return SamplingConfig(
-            max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k
+            max_new_tokens=a.max_new_tokens,
+            temperature=a.temperature,
+            top_p=a.top_p,
+            top_k=a.top_k,
+            min_new_tokens=a.min_new_tokens,
         )
 
     # -- the loop -----------------------------------------------------------------------------
