@@ -31,6 +31,7 @@ from typing import Any
 
 from pettingzoo import ParallelEnv
 
+from cmlrl_env._errors import describe_exception
 from cmlrl_env.task_check import TaskCheckError, TaskReport, check_task
 
 __all__ = [
@@ -81,26 +82,23 @@ def check_env(env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3
     ``AssertionError``) naming the first check that failed, with its cause chained.
     """
     # Imported here: pettingzoo.test imports pytest, which `import cmlrl_env` should not pay for.
-    from pettingzoo.test import (
-        api_test,
-        parallel_api_test,
-        parallel_seed_test,
-        state_test,
-    )
+    from pettingzoo.test import parallel_api_test, parallel_seed_test, state_test
     from pettingzoo.utils import parallel_to_aec
 
     _require_factory(env_fn)
+    _require_count("num_cycles", num_cycles)
+    _require_count("num_episodes", num_episodes)
     checks: list[tuple[str, Callable[[], Any], str]] = [
-        ("parallel_api_test", lambda: parallel_api_test(env_fn(), num_cycles=num_cycles), ""),
-        ("parallel_seed_test", lambda: parallel_seed_test(env_fn, num_cycles=num_cycles),
+        ("parallel_api_test", lambda: _silently(parallel_api_test, env_fn(), num_cycles), ""),
+        ("parallel_seed_test", lambda: _silently(parallel_seed_test, env_fn, num_cycles),
          _PURE_HINT),
         ("render_test", lambda: _render_test(env_fn),
          "env_fn is called as env_fn(render_mode=mode); forward keyword arguments to CoMLRLEnv"),
-        ("api_test(dict_observations=True)",
-         lambda: api_test(parallel_to_aec(env_fn(dict_observations=True)), num_cycles=num_cycles),
+        ("api_test(dict_observations=True)", lambda: _api_test(env_fn, num_cycles),
          "env_fn is called as env_fn(dict_observations=True); forward keyword arguments to "
          "CoMLRLEnv"),
-        ("state_test", lambda: state_test(parallel_to_aec(env_fn()), env_fn(), num_cycles), ""),
+        ("state_test",
+         lambda: _silently(state_test, parallel_to_aec(env_fn()), env_fn(), num_cycles), ""),
         ("multi_turn_determinism",
          lambda: check_multi_turn_determinism(env_fn, num_episodes=num_episodes, seed=seed), ""),
         ("text_contract", lambda: check_text_contract(env_fn, num_episodes=num_episodes,
@@ -114,7 +112,7 @@ def check_env(env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3
         except ConformanceError:
             raise
         except Exception as exc:  # a checker or the user's task failed: name the check, chain it
-            detail = f"{type(exc).__name__}: {exc}"
+            detail = describe_exception(exc)
             raise ConformanceError(name, detail + (f" (hint: {hint})" if hint else "")) from exc
         passed.append(name)
     return tuple(passed)
@@ -191,18 +189,36 @@ def _require_factory(env_fn: object) -> None:
         )
 
 
+def _silently(test: Callable[..., Any], *args: Any) -> None:
+    """Run one of PettingZoo's tests without its progress prints ("Passed API test", ...)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        test(*args)
+
+
+def _require_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+
+
+def _api_test(env_fn: EnvFactory, num_cycles: int) -> None:
+    from pettingzoo.test import api_test
+    from pettingzoo.utils import parallel_to_aec
+
+    _silently(api_test, parallel_to_aec(env_fn(dict_observations=True)), num_cycles)
+
+
 def _render_test(env_fn: EnvFactory) -> None:
     from pettingzoo.test import render_test
     from pettingzoo.utils import parallel_to_aec
 
-    # "human" mode prints every transcript; keep the test's output readable.
-    with contextlib.redirect_stdout(io.StringIO()):
-        render_test(lambda render_mode=None: parallel_to_aec(env_fn(render_mode=render_mode)))
+    # "human" mode prints every transcript; _silently keeps the caller's output readable.
+    _silently(render_test,
+              lambda render_mode=None: parallel_to_aec(env_fn(render_mode=render_mode)))
 
 
 @contextlib.contextmanager
 def _quiet_text_warnings() -> Iterator[None]:
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with warnings.catch_warnings():
         for pattern in _TEXT_SPACE_WARNINGS:
             warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
         yield

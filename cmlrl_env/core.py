@@ -9,6 +9,8 @@ trainers' tree share a single code path.
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -94,6 +96,7 @@ class Task:
         if reward_processor is not None and not callable(reward_processor):
             raise TypeError(f"reward_processor must be callable float -> float, got "
                             f"{reward_processor!r}.")
+        _check_threshold(early_termination_threshold)
         self.num_turns = num_turns
         self.formatters = Formatters(formatters, self.num_agents)
         self.reward = RewardFunction(reward_func, self.num_agents)
@@ -206,6 +209,16 @@ class Task:
             "rewards reach only when the answer is good enough (e.g. 0.9).",
             UserWarning, stacklevel=3,
         )
+
+
+def _check_threshold(threshold: object) -> None:
+    # Checked here: a str or NaN threshold would otherwise fail (or never fire) mid-rollout.
+    if threshold is None:
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or math.isnan(
+            threshold):
+        raise TypeError(f"early_termination_threshold must be a real number or None, got "
+                        f"{threshold!r}; e.g. 0.9 to end a branch once its reward exceeds 0.9.")
 
 
 def _resolve_num_agents(formatters: object, num_agents: int | None) -> int:

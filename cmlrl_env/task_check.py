@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from cmlrl_env._errors import describe_exception
 from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Task
 from cmlrl_env.dataset import TaskSource
 from cmlrl_env.spaces import TextSpace
@@ -86,9 +87,7 @@ class _Recorder:
         try:
             return func()
         except Exception as exc:  # the user's task failed: report it and keep checking the rest
-            notes = getattr(exc, "__notes__", None)
-            detail = f"{type(exc).__name__}: {exc}" + (f" ({'; '.join(notes)})" if notes else "")
-            self.problems.append(f"{what}: {detail}")
+            self.problems.append(f"{what}: {describe_exception(exc)}")
             self.first_error = self.first_error or exc
             return None
 

@@ -58,6 +58,20 @@ def test_check_env_passes_on_the_seed_tasks(env_fn: Any) -> None:
         assert check_env(env_fn, num_cycles=5, num_episodes=3) == ALL_CHECKS
 
 
+def test_check_env_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    check_env(length_ratio_env, num_cycles=2, num_episodes=1)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_cycles": 0}, r"num_cycles must be an int >= 1, got 0"),
+    ({"num_episodes": 1.5}, r"num_episodes must be an int >= 1, got 1.5"),
+])
+def test_check_env_checks_its_own_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_env(length_ratio_env, **kwargs)
+
+
 def test_check_env_passes_with_the_default_threshold_and_says_why_turn_two_is_skipped() -> None:
     env_fn = functools.partial(feedback_env, early_termination_threshold=-0.2)
     with pytest.warns(UserWarning, match=r"every branch ended after turn 1"):
@@ -96,10 +110,11 @@ def test_check_env_reports_a_reward_that_cannot_take_random_completions() -> Non
 
     env_fn = functools.partial(CoMLRLEnv, feedback_dataset(), None, fragile,
                                max_completion_chars=2)
-    with pytest.raises(ConformanceError, match=r"failed: ZeroDivisionError") as info:
+    with pytest.raises(ConformanceError, match=r"failed: ZeroDivisionError: division by zero "
+                                               r"\(raised by reward_func .*fragile") as info:
         check_env(env_fn, num_cycles=20)
     assert isinstance(info.value, AssertionError)
-    assert "raised by reward_func" in info.value.__cause__.__notes__[0]
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
 
 
 def test_check_env_reports_hidden_state() -> None:

@@ -179,6 +179,13 @@ def test_num_turns_must_be_a_positive_int(num_turns: Any) -> None:
         env_with(num_turns=num_turns)
 
 
+@pytest.mark.parametrize("threshold", ["0.9", math.nan, True])
+def test_early_termination_threshold_must_be_a_number_or_none(threshold: Any) -> None:
+    with pytest.raises(TypeError, match=r"early_termination_threshold must be a real number or "
+                                        r"None, got .*; e.g. 0.9 to end a branch"):
+        env_with(early_termination_threshold=threshold)
+
+
 def test_more_than_one_turn_needs_a_transition() -> None:
     with pytest.raises(ValueError, match=r"num_turns=2 needs external_transition to build the "
                                          r"prompts of turns 2 and later; pass "
