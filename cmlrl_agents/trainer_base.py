@@ -19,6 +19,7 @@ from datasets import Dataset, IterableDataset
 
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
+from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents, resolve_num_agents
@@ -184,7 +185,13 @@ class TeamTrainer:
         self.logger.flush()
         if self.args.save_steps:
             self.save_checkpoint()
+        if self.logger.history:
+            plot_metrics(self.run_dir)
         return last
+
+    def close(self) -> None:
+        """Flush the metric files and finish the W&B run (nothing else ends it)."""
+        self.logger.close()
 
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
         raise NotImplementedError

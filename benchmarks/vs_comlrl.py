@@ -1,0 +1,157 @@
+"""Side-by-side benchmark: this library's MAGRPO against the reference ``comlrl==1.4.3``.
+
+Both train two SmolLM2-135M-Instruct agents (full fine-tuning, G = 4) on the same task items of
+the seed's tasks (1 turn: length ratio; 2 turns: length feedback, every branch expanded), with
+every completion forced to exactly ``--tokens`` tokens (``min_new_tokens = max_new_tokens``) so
+both do the same generation work. Each run is a fresh child process (the reference in a
+throwaway virtualenv), timed around ``trainer.train()`` only; peak memory is the child's max RSS.
+
+    python benchmarks/vs_comlrl.py                 # 1 and 2 turns, 4 items each
+    python benchmarks/vs_comlrl.py --turns 1 --items 2
+
+Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios.
+Notes: the reference never applies a chat template, so ours runs with ``chat_template=False``
+here for equal prompt lengths; with SmolLM2's tokenizer (pad == eos) the reference hands its
+reward ``''`` (bug B1) but still does the same forward/backward work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import venv
+from pathlib import Path
+
+REFERENCE = "comlrl==1.4.3"
+
+COMMON = textwrap.dedent("""
+    import json, resource, sys, time
+    import torch
+    torch.manual_seed(0)
+    from cmlrl_env import tasks
+    spec = json.loads(sys.argv[1])
+    turns, items, tokens, model = spec["turns"], spec["items"], spec["tokens"], spec["model"]
+    if turns == 1:
+        train = tasks.length_ratio_dataset().select(range(items))
+        task = dict(formatters=[tasks.brief_formatter, tasks.detailed_formatter],
+                    reward_func=tasks.length_ratio_reward)
+    else:
+        train = tasks.feedback_dataset().select(range(items))
+        task = dict(reward_func=tasks.feedback_ratio_reward,
+                    external_transition=tasks.length_feedback)
+    def report(seconds, rollouts):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+        print("RESULT " + json.dumps({"seconds": seconds, "items": items,
+                                      "tokens": rollouts * 2 * tokens, "peak_gb": peak}))
+""")
+
+OURS = COMMON + textwrap.dedent("""
+    from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
+    config = MAGRPOConfig(num_agents=2, num_turns=turns, num_train_epochs=1, num_generations=4,
+                          max_new_tokens=tokens, min_new_tokens=tokens, eval_interval=0,
+                          logging_steps=1, early_termination_threshold=None, seed=0,
+                          output_dir=spec["out"])
+    trainer = MAGRPOTrainer(agent_model=model, train_dataset=train, args=config,
+                            model_config={"chat_template": False}, **task)
+    start = time.perf_counter()
+    trainer.train()
+    report(time.perf_counter() - start, trainer.env_step)
+""")
+
+REFERENCE_RUN = COMMON + textwrap.dedent("""
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    config = MAGRPOConfig(num_agents=2, num_turns=turns, num_train_epochs=1, num_generations=4,
+                          max_new_tokens=tokens, eval_interval=0, logging_steps=1,
+                          early_termination_threshold=None)
+    trainer = MAGRPOTrainer(agent_model=model, num_agents=2, train_dataset=train, args=config,
+                            **task)
+    start = time.perf_counter()
+    trainer.train(min_new_tokens=tokens)  # forwarded to generate during training rollouts
+    seconds = time.perf_counter() - start
+    report(seconds, items * (4 if turns == 1 else 4 + 4 * 4))  # every branch is expanded
+""")
+
+
+def reference_python(venv_dir: Path) -> str:
+    """A virtualenv that sees this machine's torch/transformers and adds ``comlrl`` alone."""
+    python = venv_dir / "bin" / "python"
+    if not python.exists():
+        venv.create(venv_dir, system_site_packages=True, with_pip=True)
+    check = subprocess.run([str(python), "-c", "import comlrl"], capture_output=True)
+    if check.returncode != 0:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", REFERENCE], check=True
+        )
+    return str(python)
+
+
+def run(python: str, program: str, spec: dict, threads: int) -> dict:
+    env = {
+        **os.environ,
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    proc = subprocess.run(
+        [python, "-c", program, json.dumps(spec)], capture_output=True, text=True, env=env
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--items", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "comlrl-venv")
+    args = parser.parse_args()
+
+    from cmlrl_agents.policy import smollm2_path
+
+    model = str(smollm2_path())
+    ref_python = reference_python(args.venv)
+    print(
+        f"model: SmolLM2-135M-Instruct ({model}); 2 agents, G=4, {args.tokens} forced tokens, "
+        f"{args.items} items, {args.threads} threads"
+    )
+    header = f"{'turns':>5} {'library':>8} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
+    print(header)
+    for turns in args.turns:
+        with tempfile.TemporaryDirectory() as out:
+            spec = {
+                "turns": turns,
+                "items": args.items,
+                "tokens": args.tokens,
+                "model": model,
+                "out": out,
+            }
+            results = {
+                "comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads),
+                "cmlrl": run(sys.executable, OURS, spec, args.threads),
+            }
+        for name, r in results.items():
+            print(
+                f"{turns:>5} {name:>8} {r['seconds'] / r['items']:>8.2f} "
+                f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}"
+            )
+        ref, ours = results["comlrl"], results["cmlrl"]
+        speed = (ref["seconds"] / ref["items"]) / (ours["seconds"] / ours["items"])
+        print(
+            f"{turns:>5} {'ratio':>8} {speed:>7.2f}x faster per item; peak memory "
+            f"{ours['peak_gb'] / ref['peak_gb']:.2f}x the reference's"
+        )
+
+
+if __name__ == "__main__":
+    main()
