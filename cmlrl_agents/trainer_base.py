@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from datasets import Dataset, IterableDataset
 
+from cmlrl_agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.plotting import plot_metrics
@@ -280,11 +281,62 @@ class TeamTrainer:
         if every and self.items_seen // every != (self.items_seen - added) // every:
             self.save_checkpoint()
 
+    def _checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
+        """The trainable models and their optimizers, by name (a trainer may add critics)."""
+        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
+        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
+        return models, optimizers
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
     def save_checkpoint(self) -> Path:
-        raise NotImplementedError
+        """``run_dir/checkpoints/checkpoint-<items seen>``: weights, optimizers, RNG, position and
+        metric history, written atomically; the newest ``save_total_limit`` are kept.
+
+        Frozen reference models are not saved: they are the initial weights, which the trainer
+        that resumes is built from again.
+        """
+        models, optimizers = self._checkpoint_parts()
+        state = {
+            "algorithm": self.algorithm,
+            "epoch": self.epoch,
+            "epoch_position": self.epoch_position,
+            "items_seen": self.items_seen,
+            "env_step": self.env_step,
+            "logger": self.logger.state_dict(),
+            "config": self.args.to_dict(),
+        }
+        return save_checkpoint(
+            self.checkpoint_root,
+            self.items_seen,
+            models=models,
+            optimizers=optimizers,
+            trainer_state=state,
+            keep_last=self.args.save_total_limit,
+        )
 
     def load_checkpoint(self, path: str | Path) -> None:
-        raise NotImplementedError
+        """Restore a checkpoint folder, or ``"latest"`` under this run's ``checkpoints/``."""
+        if str(path) == "latest":
+            found = latest_checkpoint(self.checkpoint_root)
+            if found is None:
+                raise FileNotFoundError(
+                    f"resume_from_checkpoint='latest' but {self.checkpoint_root} holds no "
+                    "complete checkpoint; set args.output_dir to the run to resume, or pass a "
+                    "checkpoint folder."
+                )
+            path = found
+        models, optimizers = self._checkpoint_parts()
+        state = load_checkpoint(path, models=models, optimizers=optimizers)
+        if state["algorithm"] != self.algorithm:
+            raise ValueError(
+                f"{path} was written by the {state['algorithm']} trainer, not {self.algorithm}."
+            )
+        self.epoch, self.epoch_position = state["epoch"], state["epoch_position"]
+        self.items_seen, self.env_step = state["items_seen"], state["env_step"]
+        self.logger.load_state_dict(state["logger"])
 
 
 def _enumerate_items(
