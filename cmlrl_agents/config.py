@@ -126,6 +126,9 @@ class SharedConfig(ValidatedConfig):
     """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
     output_dir: str | None = None
     """Local metrics, config, plots and checkpoints (None: ``runs/<algorithm>-<time>``)."""
+    verbose: bool | None = None
+    """Progress bar and eval lines (None: on in a terminal, or as
+    ``wandb_config["config_sections"]["output"]["verbose"]`` says)."""
     save_steps: int = 0
     """Checkpoint every ``save_steps`` training task items and at the end (0: only on request)."""
     save_total_limit: int | None = None
@@ -156,5 +159,7 @@ class SharedConfig(ValidatedConfig):
         self._int("seed", 0, optional=True)
         if self.output_dir is not None and not isinstance(self.output_dir, str):
             raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        if self.verbose is not None:
+            self._bool("verbose")
         self._int("save_steps", 0)
         self._int("save_total_limit", 1, optional=True)

@@ -104,6 +104,7 @@ class TeamTrainer:
             logging_steps=args.logging_steps,
             wandb_config=None if wandb_config is None else dict(wandb_config),
             run_config={"algorithm": self.algorithm, "num_agents": n, **args.to_dict()},
+            verbose=args.verbose,
         )
 
     # -- construction helpers ---------------------------------------------------------------
