@@ -1,0 +1,95 @@
+"""Reward curves from a run folder's `metrics.jsonl` (written by `MetricsLogger`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["plot_metrics"]
+
+_TRAIN_KEY = re.compile(r"^turn_(\d+)/reward_mean$")
+_EVAL_KEY = re.compile(r"^eval/turn_(\d+)/reward_mean$")
+
+Series = dict[str, tuple[list[int], list[float]]]
+
+
+def _read_series(metrics_file: Path) -> tuple[Series, Series]:
+    train: Series = {}
+    evaluation: Series = {}
+    lines = metrics_file.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            step = int(entry["env_step"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(
+                f"{metrics_file}:{number} is not a metrics entry with an env_step ({error}); "
+                "plot_metrics reads the metrics.jsonl that MetricsLogger writes."
+            ) from None
+        for key, value in entry.items():
+            target = (
+                evaluation if _EVAL_KEY.match(key) else train if _TRAIN_KEY.match(key) else None
+            )
+            if target is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            steps, values = target.setdefault(key, ([], []))
+            steps.append(step)
+            values.append(float(value))
+    return train, evaluation
+
+
+def _turn(key: str) -> int:
+    return int(re.search(r"turn_(\d+)/", key).group(1))  # type: ignore[union-attr]
+
+
+def plot_metrics(run_dir: str | Path, *, output: str | Path | None = None) -> Path:
+    """Plot `turn_k/reward_mean` (lines) and `eval/turn_k/reward_mean` (markers) by env_step.
+
+    Reads `run_dir/metrics.jsonl`, writes `run_dir/rewards.png` (or `output`) and returns its
+    path. Uses matplotlib's Agg canvas directly, so it never changes the pyplot backend.
+    """
+    run_dir = Path(run_dir)
+    metrics_file = run_dir / "metrics.jsonl"
+    if not metrics_file.is_file():
+        raise FileNotFoundError(
+            f"run_dir={str(run_dir)!r} has no metrics.jsonl; pass the output_dir of a run "
+            "logged with MetricsLogger."
+        )
+    train, evaluation = _read_series(metrics_file)
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    colors = [f"C{i}" for i in range(10)]
+    for key in sorted(train, key=_turn):
+        steps, values = train[key]
+        axes.plot(
+            steps, values, color=colors[(_turn(key) - 1) % 10], label=f"train turn {_turn(key)}"
+        )
+    for key in sorted(evaluation, key=_turn):
+        steps, values = evaluation[key]
+        axes.plot(
+            steps,
+            values,
+            color=colors[(_turn(key) - 1) % 10],
+            linestyle="--",
+            marker="o",
+            label=f"eval turn {_turn(key)}",
+        )
+    axes.set_title(f"Mean reward per turn: {run_dir.name}")
+    axes.set_xlabel("env_step (joint-action reward evaluations)")
+    axes.set_ylabel("reward_mean")
+    axes.grid(True, alpha=0.3)
+    if train or evaluation:
+        axes.legend()
+    else:
+        axes.text(0.5, 0.5, "no reward metrics logged", ha="center", va="center")
+    path = Path(output) if output is not None else run_dir / "rewards.png"
+    figure.savefig(path, dpi=120)
+    return path
