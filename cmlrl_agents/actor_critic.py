@@ -1,0 +1,454 @@
+"""``IACTrainer`` and ``MAACTrainer``: actor-critic learners over ``CoMLRLEnv`` (SPEC §5, §7).
+
+One round: roll out ``rollout_buffer_size`` task items through the env (``collect_tree``: one
+batched generate per agent and turn, one reward call per item and turn), read ``V(s_t)`` for every
+state from the critics in batched no-grad forwards, turn the rewards into GAE advantages and
+returns over each episode's chain of turns, then per minibatch of items: one optimizer step per
+actor and one per critic (optionally several PPO-clipped epochs).
+
+Episodes become chains of turns as :mod:`cmlrl_agents.actor_critic_rollouts` documents.
+
+IAC gives agent i its own critic ``V_i(prompt_i)``: a separate LM per agent, or a value head on
+the actor's trunk trained through the actor's optimizer. MAAC has ONE critic over the joint
+transcript (``EpisodeState.transcript()``, what ``env.state()`` returns), stepped once per
+minibatch for the whole team (the reference stepped it once per agent on the same data, B13).
+
+``metrics_callback(rollouts)`` gets the round's :class:`RolloutSample` list once per round; its
+keys are merged into that round's training entry (logged at that env_step; with
+``logging_steps > 1`` averaged with the rounds in the same gap, never dropped). In evaluation it
+runs once per evaluated item and its values are averaged over items under ``eval/``.
+``explained_variance`` (stable-baselines3's) is omitted from a round whose returns are all equal,
+where it is undefined (NaN would poison the averaged log entry).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Dataset, IterableDataset
+
+from cmlrl_agents.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
+from cmlrl_agents.actor_critic_rollouts import (
+    RolloutSample,
+    StateKey,
+    agent_rollouts,
+    chain_gae,
+    normalized,
+    value_metrics,
+)
+from cmlrl_agents.losses import policy_gradient_loss, value_loss
+from cmlrl_agents.policy import LLMAgent
+from cmlrl_agents.rollout import RolloutTree, collect_tree
+from cmlrl_agents.team import build_agents
+from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
+from cmlrl_agents.value_head import ValueModel
+from cmlrl_env import CoMLRLEnv
+from cmlrl_env.core import EpisodeState
+
+__all__ = ["IACTrainer", "MAACTrainer", "RolloutSample", "chain_gae"]
+
+
+class _ActorCriticTrainer(TeamTrainer):
+    """What IAC and MAAC share; they differ in which critic reads which text."""
+
+    config_class: type[ActorCriticConfig] = ActorCriticConfig
+
+    def __init__(self, agent_model: Any = None, agents: Sequence[Any] | None = None,
+                 num_agents: int | None = None, tokenizer: Any = None,
+                 model_config: Mapping[str, Any] | None = None,
+                 train_dataset: Dataset | IterableDataset | None = None,
+                 eval_dataset: Dataset | IterableDataset | None = None,
+                 reward_func: Callable[..., Any] | None = None,
+                 reward_processor: Callable[[float], float] | None = None,
+                 formatters: Any = None, external_transition: Callable[..., Any] | None = None,
+                 wandb_config: Mapping[str, Any] | None = None,
+                 args: ActorCriticConfig | None = None, env: CoMLRLEnv | None = None, *,
+                 critic_model: Any = None, critics: Sequence[Any] | None = None,
+                 metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None
+                 = None) -> None:
+        args = self.config_class() if args is None else args
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got "
+                            f"{type(args).__name__}.")
+        if metrics_callback is not None and not callable(metrics_callback):
+            raise TypeError(f"metrics_callback must be callable(rollouts) -> dict[str, float], "
+                            f"got {metrics_callback!r}.")
+        super().__init__(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
+                         tokenizer=tokenizer, model_config=model_config,
+                         train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         reward_func=reward_func, reward_processor=reward_processor,
+                         formatters=formatters, external_transition=external_transition,
+                         env=env, wandb_config=wandb_config)
+        self.metrics_callback = metrics_callback
+        self.critics: list[ValueModel]
+        self.critic_encoders: list[LLMAgent]  # tokenizer (and chat template) of each critic
+        self.critics, self.critic_encoders = self._build_critics(
+            critic_model, critics, tokenizer, model_config)
+        # A head on the actor is trained by the actor's optimizer (its own lr group): both
+        # losses move the shared trunk, so one step must see both gradients.
+        self.optimizers = [self._actor_optimizer(a) for a in range(self.num_agents)]
+        self.critic_optimizers = [_adamw([{"params": c.own_parameters()}], args.critic_lr,
+                                         f"critics[{i}]")
+                                  for i, c in enumerate(self.critics) if not c.shared]
+
+    def _actor_optimizer(self, a: int) -> torch.optim.Optimizer:
+        params = [p for p in self.agents[a].model.parameters() if p.requires_grad]
+        groups: list[dict[str, Any]] = [{"params": params}]
+        critic = self.critics[self._critic_index(a)]
+        if critic.shared:
+            groups.append({"params": critic.own_parameters(), "lr": self.args.critic_lr})
+        return _adamw(groups, self.args.agent_learning_rate, f"agents[{a}]")
+
+    # -- what IAC and MAAC define -------------------------------------------------------------
+    def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
+                       model_config: Mapping[str, Any] | None
+                       ) -> tuple[list[ValueModel], list[LLMAgent]]:
+        raise NotImplementedError
+
+    def _critic_index(self, agent: int) -> int:
+        raise NotImplementedError
+
+    def _critic_text(self, state: EpisodeState, agent: int) -> str:
+        raise NotImplementedError
+
+    def _load_critics(self, critic_model: Any, critics: Sequence[Any] | None, count: int,
+                      tokenizer: Any, model_config: Mapping[str, Any] | None
+                      ) -> tuple[list[ValueModel], list[LLMAgent]]:
+        if critic_model is not None and not isinstance(critic_model, str):
+            critics, critic_model = [critic_model] * count, None
+            if count > 1:
+                raise ValueError(f"critic_model is one model object but {count} critics are "
+                                 "needed; pass critics=[one model per agent] or a model name.")
+        if critics is not None and len(critics) != count:
+            raise ValueError(f"critics has {len(critics)} model(s); {type(self).__name__} needs "
+                             f"{count} (one per {'agent' if count > 1 else 'team'}).")
+        if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != count:
+            tokenizer = tokenizer[0]  # the team's tokenizers differ only per agent
+        encoders = build_agents(agent_model=critic_model, agents=critics, tokenizer=tokenizer,
+                                num_agents=count, model_config=model_config)
+        hidden = self.args.value_head_hidden_dim
+        return [ValueModel(e.model, head_hidden_dim=hidden) for e in encoders], encoders
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate the first ``args.eval_num_samples`` eval items, one response per agent per
+        turn; ``{}`` without an eval dataset (set ``args.eval_num_samples`` to change it)."""
+        return self.evaluate_items(self.args.eval_num_samples)
+
+    def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
+        if self.metrics_callback is None:
+            return {}
+        per_item: dict[str, list[float]] = defaultdict(list)
+        for tree in trees:
+            samples = [s for agent in self._rollouts(tree, normalize=False) for s in agent]
+            for slot in range(len(tree.items)):
+                item_samples = [s for s in samples if s.item_slot == slot]
+                for key, value in self._run_callback(item_samples).items():
+                    per_item[key].append(value)
+        return {key: float(np.mean(values)) for key, values in per_item.items()}
+
+    def _run_callback(self, samples: list[RolloutSample]) -> dict[str, float]:
+        assert self.metrics_callback is not None
+        out = self.metrics_callback(samples)
+        if not isinstance(out, Mapping):
+            raise TypeError(f"metrics_callback must return a dict of str -> number, got "
+                            f"{type(out).__name__}.")
+        try:
+            return {str(k): float(v) for k, v in out.items()}
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"metrics_callback returned a non-numeric value in {dict(out)!r:.200}"
+                            ) from exc
+
+    # -- rollouts ---------------------------------------------------------------------------------
+    def _items_per_batch(self) -> int:
+        return self.args.rollout_buffer_size
+
+    def _critic_inputs(self, tree: RolloutTree) -> list[dict[StateKey, list[int]]]:
+        """Token ids each critic reads for each state of the tree."""
+        inputs: list[dict[StateKey, list[int]]] = []
+        for c, encoder in enumerate(self.critic_encoders):
+            agent = self._critic_agent(c)
+            keys = [(t, b) for t, level in enumerate(tree.levels) for b in range(len(level.states))]
+            texts = [self._critic_text(tree.levels[t].states[b], agent) for t, b in keys]
+            inputs.append(dict(zip(keys, encoder.encode_prompts(texts), strict=True)))
+        return inputs
+
+    def _rollouts(self, tree: RolloutTree, *, normalize: bool,
+                  inputs: list[dict[StateKey, list[int]]] | None = None
+                  ) -> list[list[RolloutSample]]:
+        """Per agent: its samples with values, GAE advantages and returns."""
+        inputs = self._critic_inputs(tree) if inputs is None else inputs
+        args, per_critic = self.args, []
+        for c, critic in enumerate(self.critics):
+            flat = critic.values(list(inputs[c].values()), self.critic_encoders[c].pad_token_id,
+                                 batch_size=args.forward_batch_size).cpu()
+            sizes = [len(level.states) for level in tree.levels]
+            values = list(flat.split(sizes))
+            per_critic.append((values, *chain_gae(tree, values, args.discount, args.gae_lambda)))
+        samples = [agent_rollouts(tree, a, *per_critic[self._critic_index(a)])
+                   for a in range(self.num_agents)]
+        if normalize:
+            samples = [normalized(agent_samples) for agent_samples in samples]
+        return samples
+
+    # -- one round ----------------------------------------------------------------------------
+    def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
+        args = self.args
+        tree = collect_tree(self.task, self.agents, items, num_generations=args.num_generations,
+                            sampling=self.sampling)
+        inputs = self._critic_inputs(tree)
+        samples = self._rollouts(tree, normalize=args.advantage_normalization, inputs=inputs)
+        metrics = turn_metrics(tree, tree.returns(args.discount))
+        metrics.update(self._value_metrics(samples))
+        old = ([self._old_logprobs(a, samples[a]) for a in range(self.num_agents)]
+               if args.ppo_clip_range is not None else None)
+        metrics.update(self._update(samples, inputs, old))
+        if self.metrics_callback is not None:
+            extra = self._run_callback([s for agent in samples for s in agent])
+            clash = sorted(set(extra) & set(metrics))
+            if clash:
+                raise ValueError(f"metrics_callback returned {clash}, which the trainer logs "
+                                 "itself; rename those keys.")
+            metrics.update(extra)
+        return metrics, tree.env_steps
+
+    def _critic_agent(self, c: int) -> int:
+        """The first agent critic ``c`` serves (MAAC: all share its values and targets)."""
+        return next(a for a in range(self.num_agents) if self._critic_index(a) == c)
+
+    def _critic_rows(self, c: int, samples: list[list[RolloutSample]]) -> list[RolloutSample]:
+        return samples[self._critic_agent(c)]
+
+    def _value_metrics(self, samples: list[list[RolloutSample]]) -> dict[str, float]:
+        return value_metrics({self._critic_prefix(c): self._critic_rows(c, samples)
+                              for c in range(len(self.critics))})
+
+    def _critic_prefix(self, c: int) -> str:
+        raise NotImplementedError
+
+    def _old_logprobs(self, a: int, samples: list[RolloutSample]) -> list[torch.Tensor]:
+        """Per sample, its completion tokens' log-probs before the update (PPO's old policy)."""
+        agent, out = self.agents[a], []
+        size = self.args.forward_batch_size or len(samples)
+        agent.model.train()  # the mode the update scores in, so the first ratio is exactly 1
+        with torch.no_grad():
+            for start in range(0, len(samples), size):
+                chunk = samples[start:start + size]
+                batch = _batch(agent, chunk)
+                lp = sequence_logprobs(agent.model, batch).cpu()
+                mask = batch.completion_mask.bool().cpu()
+                out.extend(row[m] for row, m in zip(lp, mask, strict=True))
+        return out
+
+    def _update(self, samples: list[list[RolloutSample]],
+                inputs: list[dict[StateKey, list[int]]], old: list[list[torch.Tensor]] | None
+                ) -> dict[str, float]:
+        stats: dict[str, list[float]] = defaultdict(list)
+        slots = sorted({s.item_slot for s in samples[0]})
+        per_step = self.args.items_per_step
+        for _ in range(self.args.ppo_epochs):
+            for i in range(0, len(slots), per_step):
+                chosen = set(slots[i:i + per_step])
+                for a in range(self.num_agents):
+                    idx = [k for k, s in enumerate(samples[a]) if s.item_slot in chosen]
+                    for key, value in self._actor_step(a, samples[a], idx, old).items():
+                        stats[f"agent_{a}/{key}"].append(value)
+                for c, critic in enumerate(self.critics):
+                    if critic.shared:
+                        continue
+                    rows = [s for s in self._critic_rows(c, samples) if s.item_slot in chosen]
+                    for key, value in self._critic_step(c, rows, inputs[c]).items():
+                        stats[f"{self._critic_prefix(c)}/{key}"].append(value)
+        return {key: float(np.mean(values)) for key, values in stats.items()}
+
+    def _actor_step(self, a: int, samples: list[RolloutSample], idx: list[int],
+                    old: list[list[torch.Tensor]] | None) -> dict[str, float]:
+        """One optimizer step of actor ``a`` (and of its value head when shared)."""
+        agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
+        critic = self.critics[self._critic_index(a)]
+        agent.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        size = args.forward_batch_size or len(idx)
+        sums: dict[str, float] = defaultdict(float)
+        for start in range(0, len(idx), size):
+            chunk = idx[start:start + size]
+            weight = len(chunk) / len(idx)
+            losses = self._chunk_losses(agent, critic, [samples[k] for k in chunk],
+                                        None if old is None else [old[a][k] for k in chunk])
+            total = losses["policy_loss"]
+            if "value_loss" in losses:
+                total = total + args.value_loss_coef * losses["value_loss"]
+            (total * weight).backward()
+            for key, value in losses.items():
+                sums[key] += float(value.detach()) * weight
+        sums["grad_norm"] = _clip_and_step(optimizer, args.max_grad_norm)
+        return dict(sums)
+
+    def _chunk_losses(self, agent: LLMAgent, critic: ValueModel, chunk: list[RolloutSample],
+                      old: list[torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        args = self.args
+        batch = _batch(agent, chunk)
+        device = agent.device
+        if critic.shared and critic.model is agent.model:
+            # The value head reads the trunk during this very scoring forward.
+            with critic.capture() as captured:
+                logprobs = sequence_logprobs(agent.model, batch)
+            positions = torch.tensor([len(s.prompt_ids) - 1 for s in chunk])
+            values = captured.values(positions)
+        else:
+            logprobs, values = sequence_logprobs(agent.model, batch), None
+        mask = batch.completion_mask
+        old_lp = None
+        if old is not None:
+            old_lp = torch.zeros_like(logprobs)
+            old_lp[mask.bool()] = torch.cat(old).to(device)
+        adv = torch.tensor([s.normalized_advantage if s.normalized_advantage is not None
+                            else s.advantage for s in chunk], device=device)
+        out = {"policy_loss": policy_gradient_loss(logprobs, mask, adv, "sequence_sum", old_lp,
+                                                   args.ppo_clip_range)}
+        if values is not None:
+            out["value_loss"] = self._value_loss(values, chunk)
+        return out
+
+    def _value_loss(self, values: torch.Tensor, rows: list[RolloutSample]) -> torch.Tensor:
+        targets = torch.tensor([s.returns for s in rows], device=values.device)
+        clip = self.args.value_clip_range
+        old = (None if clip is None
+               else torch.tensor([s.value for s in rows], device=values.device))
+        return value_loss(values, targets, old, clip)
+
+    def _critic_step(self, c: int, rows: list[RolloutSample], inputs: dict[StateKey, list[int]]
+                     ) -> dict[str, float]:
+        """One optimizer step of a separate critic over ``rows``; each state is read once."""
+        # Critics are all separate or all heads on actors, so the indices line up.
+        critic, encoder, optimizer = self.critics[c], self.critic_encoders[c], \
+            self.critic_optimizers[c]
+        critic.train()
+        optimizer.zero_grad(set_to_none=True)
+        keys = list(dict.fromkeys(s.state_key for s in rows))
+        size = self.args.forward_batch_size or len(keys)
+        loss_sum = 0.0
+        for start in range(0, len(keys), size):
+            local = {k: i for i, k in enumerate(keys[start:start + size])}
+            chunk = [s for s in rows if s.state_key in local]
+            state_values = critic.values([inputs[k] for k in local], encoder.pad_token_id,
+                                         grad=True)
+            index = torch.tensor([local[s.state_key] for s in chunk], device=state_values.device)
+            loss = self._value_loss(state_values[index], chunk) * (len(chunk) / len(rows))
+            (self.args.value_loss_coef * loss).backward()
+            loss_sum += float(loss.detach())
+        grad_norm = _clip_and_step(optimizer, self.args.max_grad_norm)
+        return {"value_loss": loss_sum, "grad_norm": grad_norm}
+
+    # -- saving -------------------------------------------------------------------------------
+    def _checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
+        """The agents' parts plus ``critic_i`` (a shared critic is its head alone; the head's
+        optimizer state is in its actor's optimizer)."""
+        models, optimizers = super()._checkpoint_parts()
+        models.update({f"critic_{c}": critic for c, critic in enumerate(self.critics)})
+        optimizers.update({f"critic_{c}": opt for c, opt in enumerate(self.critic_optimizers)})
+        return models, optimizers
+
+    def save_model(self, output_dir: str | Path) -> None:
+        """``agent_i/`` per actor (see TeamTrainer) and the critics under ``critic/``."""
+        super().save_model(output_dir)
+        for c, (critic, encoder) in enumerate(zip(self.critics, self.critic_encoders,
+                                                   strict=True)):
+            folder = Path(output_dir) / "critic"
+            if len(self.critics) > 1:
+                folder = folder / f"agent_{c}"
+            critic.save(folder, tokenizer=encoder.tokenizer)
+
+
+class IACTrainer(_ActorCriticTrainer):
+    """Independent actor-critic: agent i's critic reads agent i's prompt (SPEC §5).
+
+    ``use_separate_critic=True`` (default) needs ``critic_model="<name or folder>"`` (one copy
+    per agent) or ``critics=[model, ...]`` (one per agent; models use ``tokenizer=`` like the
+    agents, or pass ``LLMAgent(model, its_tokenizer)``). ``False`` puts a value head on each actor.
+    """
+
+    algorithm = "iac"
+    config_class = IACConfig
+
+    def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
+                       model_config: Mapping[str, Any] | None
+                       ) -> tuple[list[ValueModel], list[LLMAgent]]:
+        given = critic_model is not None or critics is not None
+        if self.args.use_separate_critic:
+            if not given:
+                raise ValueError("use_separate_critic=True needs critic_model='<name or folder>' "
+                                 "or critics=[one model per agent]; or set "
+                                 "IACConfig(use_separate_critic=False) for a value head on each "
+                                 "actor.")
+            return self._load_critics(critic_model, critics, self.num_agents, tokenizer,
+                                      model_config)
+        if given:
+            raise ValueError("use_separate_critic=False puts the value head on each actor, so "
+                             "critic_model/critics would be unused; drop them or set "
+                             "use_separate_critic=True.")
+        hidden = self.args.value_head_hidden_dim
+        return ([ValueModel(agent.model, shared=True, head_hidden_dim=hidden)
+                 for agent in self.agents], list(self.agents))
+
+    def _critic_index(self, agent: int) -> int:
+        return agent
+
+    def _critic_text(self, state: EpisodeState, agent: int) -> str:
+        return state.prompts[agent]
+
+    def _critic_prefix(self, c: int) -> str:
+        return f"agent_{c}"
+
+
+class MAACTrainer(_ActorCriticTrainer):
+    """Multi-agent actor-critic with one centralised critic over the joint transcript.
+
+    Needs ``critic_model="<name or folder>"`` or ``critics=[model]`` (exactly one).
+    """
+
+    algorithm = "maac"
+    config_class = MAACConfig
+
+    def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
+                       model_config: Mapping[str, Any] | None
+                       ) -> tuple[list[ValueModel], list[LLMAgent]]:
+        if critic_model is None and critics is None:
+            raise ValueError("MAACTrainer needs its centralised critic: pass "
+                             "critic_model='<name or folder>' or critics=[model].")
+        return self._load_critics(critic_model, critics, 1, tokenizer, model_config)
+
+    def _critic_index(self, agent: int) -> int:
+        return 0
+
+    def _critic_text(self, state: EpisodeState, agent: int) -> str:
+        return state.transcript()
+
+    def _critic_prefix(self, c: int) -> str:
+        return "critic"
+
+
+def _batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> Any:
+    return build_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+                       agent.pad_token_id).to(agent.device)
+
+
+def _adamw(groups: list[dict[str, Any]], lr: float, name: str) -> torch.optim.Optimizer:
+    if not groups[0]["params"]:
+        raise ValueError(f"{name} has no trainable parameters (requires_grad=False everywhere); "
+                         "unfreeze some, or wrap it with a LoRA adapter.")
+    return torch.optim.AdamW(groups, lr=lr, foreach=True)
+
+
+def _clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    limit = max_norm if max_norm is not None else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, limit, error_if_nonfinite=True)
+    optimizer.step()
+    return float(norm)
