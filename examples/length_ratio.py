@@ -67,6 +67,7 @@ def main() -> None:
         eval_batch_size=len(eval_dataset),
         logging_steps=8,
         seed=args.seed,
+        verbose=True,  # progress bar and eval lines, also when piped to a file
         output_dir=args.output_dir,
     )
     trainer = MAGRPOTrainer(
