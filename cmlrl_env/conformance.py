@@ -76,7 +76,8 @@ def check_env(env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3
 
     For a multi-turn task pass ``early_termination_threshold=None`` (or a threshold random
     completions rarely reach) to the env, or every episode ends after turn 1 and the later turns
-    go unchecked.
+    go unchecked. The checks act with random printable completions (``action_space.sample()``,
+    up to ``max_completion_chars`` characters, possibly empty); the task must cope with them.
 
     Returns the names of the checks that passed; raises ``ConformanceError`` (an
     ``AssertionError``) naming the first check that failed, with its cause chained.

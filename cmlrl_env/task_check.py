@@ -128,10 +128,11 @@ def check_task(
     task = rec.attempt("binding the task", lambda: Task(
         formatters, reward_func, num_agents=num_agents, num_turns=num_turns,
         external_transition=external_transition, reward_processor=reward_processor,
-        early_termination_threshold=None))
+        early_termination_threshold=early_termination_threshold))
     items = rec.attempt("reading the dataset", lambda: _first_items(dataset, num_items))
     if task is None or items is None:
         return rec.finish()
+    task.early_termination_threshold = None  # bound and checked above; now play every turn
     joint = _joint_actions(sample_completions, task.num_agents)
     for index, item in items:
         _check_item(task, index, item, joint, early_termination_threshold, rec)
@@ -155,6 +156,9 @@ def _joint_actions(samples: Sequence[str] | Sequence[Sequence[str]] | None,
     if isinstance(samples, str) or not isinstance(samples, Sequence) or not samples:
         raise TypeError(f"sample_completions must be a non-empty list of str, or one list per "
                         f"agent; got {samples!r:.80}.")
+    if any(isinstance(s, str) for s in samples) and not all(isinstance(s, str) for s in samples):
+        raise TypeError(f"sample_completions mixes strings and lists; give a list of str or one "
+                        f"list per agent, got {samples!r:.80}.")
     if all(isinstance(s, str) for s in samples):
         pool = list(samples)
         return [tuple(pool[(j + a) % len(pool)] for a in range(num_agents))

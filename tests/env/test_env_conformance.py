@@ -219,6 +219,13 @@ def test_check_task_reports_binding_and_dataset_problems_together() -> None:
                            "least one task item.")
 
 
+def test_check_task_reports_a_bad_threshold_as_a_binding_problem() -> None:
+    with pytest.raises(TaskCheckError, match=r"binding the task: TypeError: "
+                                             r"early_termination_threshold must be a real number"):
+        check_task(feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
+                   external_transition=length_feedback, early_termination_threshold="0.9")
+
+
 def test_check_task_reports_a_transition_returning_too_few_prompts() -> None:
     with pytest.raises(TaskCheckError, match=r"external_transition .*<lambda> returned 1 "
                                              r"prompt\(s\) for item 0; it must return a list of 2"):
@@ -268,6 +275,7 @@ def test_check_task_uses_the_given_sample_completions() -> None:
     ([], TypeError, r"sample_completions must be a non-empty list of str"),
     ([["a"], ["b", "c"]], ValueError, r"needs 2 non-empty lists of str of equal length"),
     ([["a"], ["b"], ["c"]], ValueError, r"needs 2 non-empty lists"),
+    (["a", ["b"]], TypeError, r"sample_completions mixes strings and lists"),
 ])
 def test_check_task_rejects_bad_sample_completions(samples: Any, error: type,
                                                    message: str) -> None:
