@@ -7,8 +7,9 @@ broadcast or NaN advantage trains the policy on garbage without any visible erro
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
+
+from cmlrl_agents._checks import check_finite, check_float
 
 __all__ = ["BASELINES", "group_advantages", "normalize_batch"]
 
@@ -16,26 +17,8 @@ BASELINES: tuple[str, ...] = ("mean", "rloo", "max", "raw")
 """Baselines accepted by :func:`group_advantages`."""
 
 
-def _check_finite_float(name: str, x: object) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ValueError(
-            f"{name} must be a torch.Tensor, got {type(x).__name__}; wrap it with torch.as_tensor"
-        )
-    if not x.is_floating_point():
-        raise ValueError(
-            f"{name} must be a floating-point tensor, got dtype {x.dtype}; cast it with .float()"
-        )
-    if not bool(torch.isfinite(x).all()):
-        bad = (~torch.isfinite(x)).nonzero()[0].tolist()
-        raise ValueError(
-            f"{name} contains NaN or inf (first at index {bad}); fix the reward/return upstream "
-            "instead of training on it"
-        )
-    return x
-
-
 def _check_group_inputs(returns: Tensor, baseline: str, eps: float) -> None:
-    _check_finite_float("returns", returns)
+    check_finite("returns", check_float("returns", returns))
     if returns.dim() != 2 or returns.shape[1] == 0:
         raise ValueError(
             f"returns must have shape [num_groups, G] with G >= 1, got shape "
@@ -113,7 +96,7 @@ def normalize_batch(adv: Tensor, eps: float = 1e-8) -> Tensor:
     Returns:
         Tensor with the shape, dtype and device of ``adv``.
     """
-    _check_finite_float("adv", adv)
+    check_finite("adv", check_float("adv", adv))
     if adv.numel() == 0:
         raise ValueError(f"adv is empty (shape {tuple(adv.shape)}); there is nothing to normalise")
     if not eps > 0:

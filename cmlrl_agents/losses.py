@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cmlrl_agents._checks import check_finite, check_float
+
 __all__ = [
     "AGGREGATIONS",
     "kl_k3",
@@ -23,36 +25,6 @@ __all__ = [
 
 AGGREGATIONS: tuple[str, ...] = ("sequence_sum", "token_mean")
 """Token aggregations accepted by :func:`policy_gradient_loss`."""
-
-
-def _check_float(
-    name: str, x: object, shape: tuple[int, ...] | None = None, dim: int | None = None
-) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ValueError(
-            f"{name} must be a torch.Tensor, got {type(x).__name__}; wrap it with torch.as_tensor"
-        )
-    if not x.is_floating_point():
-        raise ValueError(
-            f"{name} must be a floating-point tensor, got dtype {x.dtype}; cast it with .float()"
-        )
-    if dim is not None and x.dim() != dim:
-        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
-    if shape is not None and tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
-    return x
-
-
-def _check_finite(name: str, x: Tensor, valid: Tensor | None = None) -> None:
-    bad = ~torch.isfinite(x.detach())
-    if valid is not None:
-        bad &= valid
-    if bool(bad.any()):
-        where = bad.nonzero()[0].tolist()
-        raise ValueError(
-            f"{name} contains NaN or inf at index {where}; find where it comes from "
-            "(model outputs, rewards) instead of training on it"
-        )
 
 
 def _bool_mask(mask: object, shape: tuple[int, ...]) -> Tensor:
@@ -73,7 +45,7 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     ``mask`` has the shape of ``x``, bool or 0/1. Masked entries are dropped, not multiplied by
     0, so a NaN there does not leak into the result or its gradient.
     """
-    _check_float("x", x)
+    check_float("x", x)
     valid = _bool_mask(mask, tuple(x.shape))
     kept = torch.where(valid, x, torch.zeros_like(x))
     return kept.sum() if dim is None else kept.sum(dim=dim)
@@ -103,10 +75,10 @@ def _check_policy_inputs(
     clip_range: float | None,
 ) -> Tensor:
     """Validate :func:`policy_gradient_loss`'s arguments; return the mask as bool."""
-    _check_float("logprobs", logprobs, dim=2)
+    check_float("logprobs", logprobs, dim=2)
     shape = tuple(logprobs.shape)
     valid = _bool_mask(mask, shape)
-    _check_float("advantages", advantages, shape=shape[:1])
+    check_float("advantages", advantages, shape=shape[:1])
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if (old_logprobs is None) != (clip_range is None):
@@ -119,11 +91,11 @@ def _check_policy_inputs(
         raise ValueError(
             "mask has no real token (all 0); every completion is empty — check the completion masks"
         )
-    _check_finite("logprobs", logprobs, valid)
-    _check_finite("advantages", advantages)
+    check_finite("logprobs", logprobs, valid)
+    check_finite("advantages", advantages)
     if old_logprobs is not None:
-        _check_float("old_logprobs", old_logprobs, shape=shape)
-        _check_finite("old_logprobs", old_logprobs, valid)
+        check_float("old_logprobs", old_logprobs, shape=shape)
+        check_finite("old_logprobs", old_logprobs, valid)
     if clip_range is not None and not clip_range > 0:
         raise ValueError(f"clip_range must be > 0, got {clip_range}")
     return valid
@@ -179,7 +151,7 @@ def policy_gradient_loss(
     else:
         loss = per_token.sum() / valid.sum().to(per_token.dtype)
     # exp(logp - old) can overflow even when every input is finite.
-    _check_finite("policy loss (ratio overflow? logprobs far from old_logprobs)", loss)
+    check_finite("policy loss (ratio overflow? logprobs far from old_logprobs)", loss)
     return loss
 
 
@@ -204,8 +176,8 @@ def value_loss(
     Returns:
         A 0-d tensor.
     """
-    _check_float("values", values, dim=1)
-    _check_float("targets", targets, shape=tuple(values.shape))
+    check_float("values", values, dim=1)
+    check_float("targets", targets, shape=tuple(values.shape))
     if (old_values is None) != (clip_range is None):
         raise ValueError(
             "old_values and clip_range go together: pass both for the clipped loss or neither; "
@@ -213,13 +185,13 @@ def value_loss(
         )
     if values.numel() == 0:
         raise ValueError("values is empty (shape (0,)); there is nothing to regress")
-    _check_finite("values", values)
-    _check_finite("targets", targets)
+    check_finite("values", values)
+    check_finite("targets", targets)
     err = (values - targets.detach()) ** 2
     if old_values is None:
         return err.mean()
-    _check_float("old_values", old_values, shape=tuple(values.shape))
-    _check_finite("old_values", old_values)
+    check_float("old_values", old_values, shape=tuple(values.shape))
+    check_finite("old_values", old_values)
     if not clip_range > 0:
         raise ValueError(f"clip_range must be > 0, got {clip_range}")
     old = old_values.detach()
@@ -242,12 +214,12 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
     Returns:
         ``[B]``; 0 for a sequence whose tokens have equal log-probs (or no real token).
     """
-    _check_float("logprobs", logprobs, dim=2)
+    check_float("logprobs", logprobs, dim=2)
     shape = tuple(logprobs.shape)
-    _check_float("ref_logprobs", ref_logprobs, shape=shape)
+    check_float("ref_logprobs", ref_logprobs, shape=shape)
     valid = _bool_mask(mask, shape)
-    _check_finite("logprobs", logprobs, valid)
-    _check_finite("ref_logprobs", ref_logprobs, valid)
+    check_finite("logprobs", logprobs, valid)
+    check_finite("ref_logprobs", ref_logprobs, valid)
     zeros = torch.zeros_like(logprobs)
     d = torch.where(valid, ref_logprobs - logprobs, zeros)
     return torch.where(valid, torch.exp(d) - d - 1.0, zeros).sum(dim=1)

@@ -10,34 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cmlrl_agents._checks import check_finite, check_float
+
 __all__ = ["cross_credit", "discounted_returns", "gae", "tree_returns"]
-
-
-def _check_float(name: str, x: object, dim: int | None = None) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ValueError(
-            f"{name} must be a torch.Tensor, got {type(x).__name__}; wrap it with torch.as_tensor"
-        )
-    if not x.is_floating_point():
-        raise ValueError(
-            f"{name} must be a floating-point tensor, got dtype {x.dtype}; cast it with .float()"
-        )
-    if dim is not None and x.dim() != dim:
-        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
-    return x
-
-
-def _check_finite_where(name: str, x: Tensor, valid: Tensor | None = None) -> None:
-    # Padding after an episode's end may hold anything; only the steps that happened must be finite.
-    bad = ~torch.isfinite(x)
-    if valid is not None:
-        bad &= valid
-    if bool(bad.any()):
-        where = bad.nonzero()[0].tolist()
-        raise ValueError(
-            f"{name} contains NaN or inf at index {where}; "
-            "fix it upstream instead of training on it"
-        )
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -96,8 +71,8 @@ def tree_returns(rewards: list[Tensor], parents: list[Tensor], discount: float) 
             f"got {len(parents)}; use an empty tensor for parents[0]"
         )
     for t, r in enumerate(rewards):
-        _check_float(f"rewards[{t}]", r, dim=1)
-        _check_finite_where(f"rewards[{t}]", r)
+        check_float(f"rewards[{t}]", r, dim=1)
+        check_finite(f"rewards[{t}]", r)
     for t in range(1, len(rewards)):
         p, n_prev = parents[t], rewards[t - 1].shape[0]
         if not isinstance(p, Tensor) or p.dtype != torch.long or p.shape != rewards[t].shape:
@@ -137,7 +112,7 @@ def cross_credit(joint_returns: Tensor, num_agents: int, group_size: int) -> Ten
     Returns:
         ``[..., N, G]``; with ``N == 1`` it equals ``joint_returns.unsqueeze(-2)``.
     """
-    _check_float("joint_returns", joint_returns)
+    check_float("joint_returns", joint_returns)
     if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
         raise ValueError(f"num_agents must be an int >= 1, got {num_agents!r}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
@@ -170,9 +145,9 @@ def discounted_returns(rewards: Tensor, mask: Tensor, discount: float) -> Tensor
     Returns:
         ``[B, T]``; 0 where ``mask`` is 0.
     """
-    _check_float("rewards", rewards, dim=2)
+    check_float("rewards", rewards, dim=2)
     valid = _check_prefix_mask(mask, rewards.shape)
-    _check_finite_where("rewards", rewards, valid)
+    check_finite("rewards", rewards, valid)
     _check_unit("discount", discount)
     r = torch.where(valid, rewards, torch.zeros_like(rewards))
     out = torch.zeros_like(r)
@@ -207,16 +182,16 @@ def gae(
         where ``mask`` is 0. Detached: they are targets, and gradient flowing through them
         into the critic would corrupt both losses.
     """
-    _check_float("rewards", rewards, dim=2)
-    _check_float("values", values, dim=2)
+    check_float("rewards", rewards, dim=2)
+    check_float("values", values, dim=2)
     if values.shape != rewards.shape:
         raise ValueError(
             f"values must have the shape of rewards {tuple(rewards.shape)}, "
             f"got {tuple(values.shape)}"
         )
     valid = _check_prefix_mask(mask, rewards.shape)
-    _check_finite_where("rewards", rewards, valid)
-    _check_finite_where("values", values, valid)
+    check_finite("rewards", rewards, valid)
+    check_finite("values", values, valid)
     _check_unit("discount", discount)
     _check_unit("lam", lam)
 

@@ -1,0 +1,47 @@
+"""Input checks shared by the pure tensor math (advantages, returns, losses).
+
+A silently broadcast or NaN tensor trains the policy on garbage without a visible error, so every
+public math function checks its inputs and names the argument, what it got and the fix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_float", "check_finite"]
+
+
+def check_float(
+    name: str, x: object, *, shape: tuple[int, ...] | None = None, dim: int | None = None
+) -> Tensor:
+    """``x`` as a floating-point tensor of the given rank/shape, or a ValueError naming it."""
+    if not isinstance(x, Tensor):
+        raise ValueError(
+            f"{name} must be a torch.Tensor, got {type(x).__name__}; wrap it with torch.as_tensor"
+        )
+    if not x.is_floating_point():
+        raise ValueError(
+            f"{name} must be a floating-point tensor, got dtype {x.dtype}; cast it with .float()"
+        )
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(x.shape)}")
+    if shape is not None and tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    return x
+
+
+def check_finite(name: str, x: Tensor, valid: Tensor | None = None) -> None:
+    """Raise if ``x`` holds NaN or inf where ``valid`` (default: everywhere).
+
+    Padding after an episode's or a completion's end may hold anything; only real entries count.
+    """
+    bad = ~torch.isfinite(x.detach())
+    if valid is not None:
+        bad &= valid
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        raise ValueError(
+            f"{name} contains NaN or inf at index {where}; fix it upstream (model outputs, "
+            "rewards) instead of training on it"
+        )
