@@ -45,7 +45,7 @@ from cmlrl_agents.losses import policy_gradient_loss, value_loss
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.tokens import TokenBatch, build_batch, sequence_logprobs
 from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
 from cmlrl_agents.value_head import ValueModel
 from cmlrl_env import CoMLRLEnv
@@ -58,6 +58,8 @@ class _ActorCriticTrainer(TeamTrainer):
     """What IAC and MAAC share; they differ in which critic reads which text."""
 
     config_class: type[ActorCriticConfig] = ActorCriticConfig
+    centralized = False
+    """True: one critic for the team over the joint transcript (MAAC)."""
 
     def __init__(self, agent_model: Any = None, agents: Sequence[Any] | None = None,
                  num_agents: int | None = None, tokenizer: Any = None,
@@ -105,17 +107,45 @@ class _ActorCriticTrainer(TeamTrainer):
             groups.append({"params": critic.own_parameters(), "lr": self.args.critic_lr})
         return _adamw(groups, self.args.agent_learning_rate, f"agents[{a}]")
 
-    # -- what IAC and MAAC define -------------------------------------------------------------
+    # -- critics: which one serves which agent and reads what ----------------------------------
     def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
                        model_config: Mapping[str, Any] | None
                        ) -> tuple[list[ValueModel], list[LLMAgent]]:
-        raise NotImplementedError
+        given = critic_model is not None or critics is not None
+        if self.centralized or self.args.use_separate_critic:
+            if not given:
+                raise ValueError(
+                    "MAACTrainer needs its centralised critic: pass critic_model='<name or "
+                    "folder>' or critics=[model]." if self.centralized else
+                    "use_separate_critic=True needs critic_model='<name or folder>' or "
+                    "critics=[one model per agent]; or set IACConfig(use_separate_critic=False) "
+                    "for a value head on each actor.")
+            count = 1 if self.centralized else self.num_agents
+            return self._load_critics(critic_model, critics, count, tokenizer, model_config)
+        if given:
+            raise ValueError("use_separate_critic=False puts the value head on each actor, so "
+                             "critic_model/critics would be unused; drop them or set "
+                             "use_separate_critic=True.")
+        hidden = self.args.value_head_hidden_dim
+        return ([ValueModel(agent.model, shared=True, head_hidden_dim=hidden)
+                 for agent in self.agents], list(self.agents))
 
     def _critic_index(self, agent: int) -> int:
-        raise NotImplementedError
+        return 0 if self.centralized else agent
 
     def _critic_text(self, state: EpisodeState, agent: int) -> str:
-        raise NotImplementedError
+        """MAAC's critic reads the joint transcript (``env.state()``); IAC's its agent's prompt."""
+        return state.transcript() if self.centralized else state.prompts[agent]
+
+    def _critic_prefix(self, c: int) -> str:
+        return "critic" if self.centralized else f"agent_{c}"
+
+    def _critic_metric(self, c: int, key: str) -> str:
+        """A separate critic's step metric; IAC's is ``agent_i/critic_grad_norm`` because
+        ``agent_i/grad_norm`` is the actor's."""
+        if self.centralized or key == "value_loss":
+            return f"{self._critic_prefix(c)}/{key}"
+        return f"agent_{c}/critic_{key}"
 
     def _load_critics(self, critic_model: Any, critics: Sequence[Any] | None, count: int,
                       tokenizer: Any, model_config: Mapping[str, Any] | None
@@ -229,9 +259,6 @@ class _ActorCriticTrainer(TeamTrainer):
         return value_metrics({self._critic_prefix(c): self._critic_rows(c, samples)
                               for c in range(len(self.critics))})
 
-    def _critic_prefix(self, c: int) -> str:
-        raise NotImplementedError
-
     def _old_logprobs(self, a: int, samples: list[RolloutSample]) -> list[torch.Tensor]:
         """Per sample, its completion tokens' log-probs before the update (PPO's old policy)."""
         agent, out = self.agents[a], []
@@ -264,7 +291,7 @@ class _ActorCriticTrainer(TeamTrainer):
                         continue
                     rows = [s for s in self._critic_rows(c, samples) if s.item_slot in chosen]
                     for key, value in self._critic_step(c, rows, inputs[c]).items():
-                        stats[f"{self._critic_prefix(c)}/{key}"].append(value)
+                        stats[self._critic_metric(c, key)].append(value)
         return {key: float(np.mean(values)) for key, values in stats.items()}
 
     def _actor_step(self, a: int, samples: list[RolloutSample], idx: list[int],
@@ -376,35 +403,7 @@ class IACTrainer(_ActorCriticTrainer):
 
     algorithm = "iac"
     config_class = IACConfig
-
-    def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
-                       model_config: Mapping[str, Any] | None
-                       ) -> tuple[list[ValueModel], list[LLMAgent]]:
-        given = critic_model is not None or critics is not None
-        if self.args.use_separate_critic:
-            if not given:
-                raise ValueError("use_separate_critic=True needs critic_model='<name or folder>' "
-                                 "or critics=[one model per agent]; or set "
-                                 "IACConfig(use_separate_critic=False) for a value head on each "
-                                 "actor.")
-            return self._load_critics(critic_model, critics, self.num_agents, tokenizer,
-                                      model_config)
-        if given:
-            raise ValueError("use_separate_critic=False puts the value head on each actor, so "
-                             "critic_model/critics would be unused; drop them or set "
-                             "use_separate_critic=True.")
-        hidden = self.args.value_head_hidden_dim
-        return ([ValueModel(agent.model, shared=True, head_hidden_dim=hidden)
-                 for agent in self.agents], list(self.agents))
-
-    def _critic_index(self, agent: int) -> int:
-        return agent
-
-    def _critic_text(self, state: EpisodeState, agent: int) -> str:
-        return state.prompts[agent]
-
-    def _critic_prefix(self, c: int) -> str:
-        return f"agent_{c}"
+    centralized = False
 
 
 class MAACTrainer(_ActorCriticTrainer):
@@ -415,26 +414,10 @@ class MAACTrainer(_ActorCriticTrainer):
 
     algorithm = "maac"
     config_class = MAACConfig
-
-    def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
-                       model_config: Mapping[str, Any] | None
-                       ) -> tuple[list[ValueModel], list[LLMAgent]]:
-        if critic_model is None and critics is None:
-            raise ValueError("MAACTrainer needs its centralised critic: pass "
-                             "critic_model='<name or folder>' or critics=[model].")
-        return self._load_critics(critic_model, critics, 1, tokenizer, model_config)
-
-    def _critic_index(self, agent: int) -> int:
-        return 0
-
-    def _critic_text(self, state: EpisodeState, agent: int) -> str:
-        return state.transcript()
-
-    def _critic_prefix(self, c: int) -> str:
-        return "critic"
+    centralized = True
 
 
-def _batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> Any:
+def _batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> TokenBatch:
     return build_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
                        agent.pad_token_id).to(agent.device)
 

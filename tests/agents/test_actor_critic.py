@@ -203,6 +203,7 @@ def test_iac_trains_actors_and_critics(tmp_path, separate: bool) -> None:
     for key in ("agent_0/policy_loss", "agent_1/value_loss", "value_mean",
                 "turn_1/reward_mean", "turn_2/expected_return", "agent_1/grad_norm"):
         assert math.isfinite(metrics[key]), key
+    assert ("agent_1/critic_grad_norm" in metrics) == separate
     trainer.save_model(tmp_path / "saved")
     head = tmp_path / "saved" / "critic" / "agent_1"
     assert (head / "value_head.pt").is_file()
