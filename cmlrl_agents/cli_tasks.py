@@ -1,0 +1,425 @@
+"""The run file of the ``cmlrl`` command: YAML sections, ``--set`` overrides and the task section.
+
+A run file has five sections (``SECTIONS``); this module reads it, applies overrides and turns
+the ``task`` section into the pieces a trainer or an env takes. Every user mistake raises
+``CLIError`` with the valid choices in its message; ``cmlrl`` prints it on one line (exit 2).
+The trainer and model sections are built in ``cmlrl_agents.cli``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from datasets import Dataset, DatasetDict, IterableDataset
+
+from cmlrl_env import RewardProcessors, tasks
+
+__all__ = [
+    "BUILTIN_TASKS",
+    "SECTIONS",
+    "TASK_KEYS",
+    "TRAINER_CALLBACKS",
+    "CLIError",
+    "TaskParts",
+    "apply_overrides",
+    "build_task",
+    "check_keys",
+    "check_task_section",
+    "load_spec",
+    "one_line",
+    "parse_value",
+    "resolve_import",
+    "task_from_flags",
+]
+
+SECTIONS = ("algorithm", "model", "task", "config", "wandb")
+TASK_KEYS = (
+    *("name", "dataset", "dataset_kwargs", "eval_dataset", "test_size"),
+    *("formatters", "reward", "reward_processor", "transition"),
+    *("max_train_items", "max_eval_items"),
+    *("eval_logger", "eval_aggregator", "metrics_callback"),
+)
+# Trainer callbacks that a task may carry; only the trainers whose constructor takes them accept.
+TRAINER_CALLBACKS = ("eval_logger", "eval_aggregator", "metrics_callback")
+REWARD_PROCESSOR_STEPS = ("scale", "shift", "clip")
+
+
+class CLIError(Exception):
+    """A mistake in the run file or the command line: shown as one line, exit status 2."""
+
+
+# PyYAML follows YAML 1.1, where `1e-5` (no dot) is a string; learning rates are written so.
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value as a YAML scalar (or flow list/dict): ``1e-5``, ``true``, ``[a, b]``."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        raise CLIError(f"cannot parse the value {text!r}: {one_line(exc)}") from None
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """Read a run file: a YAML mapping whose keys are among ``SECTIONS``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CLIError(f"run file {str(path)!r} not found.")
+    try:
+        spec = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+    except yaml.YAMLError as exc:
+        raise CLIError(f"{path} is not valid YAML: {one_line(exc)}") from None
+    if not isinstance(spec, Mapping):
+        raise CLIError(
+            f"{path} must hold a mapping with the sections {list(SECTIONS)}, got "
+            f"{type(spec).__name__}."
+        )
+    check_keys(spec, SECTIONS, f"section of {path.name}")
+    return dict(spec)
+
+
+def check_keys(given: Mapping[str, Any], valid: Sequence[str], what: str) -> None:
+    """Reject keys outside ``valid``, naming the closest valid one and listing them all."""
+    for key in given:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), list(valid), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CLIError(f"unknown {what} {key!r}{hint}; valid: {', '.join(valid)}.")
+
+
+def apply_overrides(spec: dict[str, Any], assignments: Sequence[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` assignments (``--set``) to a copy of ``spec``."""
+    spec = {k: dict(v) if isinstance(v, Mapping) else v for k, v in spec.items()}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or not key:
+            raise CLIError(f"--set {assignment!r} is not of the form section.key=value.")
+        section, *rest = key.strip().split(".")
+        check_keys({section: None}, SECTIONS, "section in --set")
+        value = parse_value(text)
+        if not rest:
+            spec[section] = value
+            continue
+        current = spec.get(section)
+        if isinstance(current, str):  # `model: tiny` becomes `model: {name_or_path: tiny}`
+            current = {("name_or_path" if section == "model" else "name"): current}
+        if current is not None and not isinstance(current, Mapping):
+            raise CLIError(f"--set {key}: section {section!r} is {current!r}, not a mapping.")
+        target = spec[section] = dict(current or {})
+        for part in rest[:-1]:
+            nested = target.get(part)
+            target[part] = dict(nested) if isinstance(nested, Mapping) else {}
+            target = target[part]
+        target[rest[-1]] = value
+    return spec
+
+
+def resolve_import(ref: Any, what: str) -> Any:
+    """``"package.module:name"`` or ``"path/to/file.py:name"`` (``name`` may be dotted) → the
+    object; anything that is not a string is returned as it is."""
+    if not isinstance(ref, str):
+        return ref
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise CLIError(
+            f"{what}={ref!r} is not an import path; write 'package.module:function' or "
+            "'path/to/file.py:function'."
+        )
+    try:
+        obj: Any = _import_module(module_name)
+    except CLIError:
+        raise
+    except Exception as exc:  # the user's module failed while importing: say which one
+        raise CLIError(f"{what}: importing {module_name!r} failed: {one_line(exc)}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise CLIError(
+                f"{what}: {module_name!r} has no attribute {attr!r}; it defines {names[:20]}."
+            )
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_module(name: str) -> Any:
+    if name.endswith(".py"):
+        path = Path(name).expanduser().resolve()
+        if not path.is_file():
+            raise CLIError(f"file {name!r} not found.")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules.setdefault(path.stem, module)  # pickling/multiprocessing find it by name
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):
+            raise CLIError(
+                f"module {name!r} not found; run cmlrl from the folder that holds it, or add "
+                "that folder to PYTHONPATH."
+            ) from None
+        raise
+
+
+# -- the task section -------------------------------------------------------------------------
+
+
+@dataclass
+class TaskParts:
+    """What the ``task`` section resolves to: the env's pieces and trainer callbacks."""
+
+    train_dataset: Dataset | IterableDataset
+    eval_dataset: Dataset | IterableDataset | None
+    formatters: Any
+    reward_func: Callable[..., Any]
+    reward_processor: Callable[[float], float] | None = None
+    external_transition: Callable[..., Any] | None = None
+    callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    config_defaults: dict[str, Any] = field(default_factory=dict)
+    """Config fields the task needs unless the run file sets them (e.g. ``num_turns: 2``)."""
+
+    @property
+    def num_agents(self) -> int | None:
+        return len(self.formatters) if isinstance(self.formatters, list) else None
+
+
+def _length_ratio() -> tuple[dict[str, Any], dict[str, Any]]:
+    pieces = {
+        "dataset": tasks.length_ratio_splits,
+        "formatters": [tasks.brief_formatter, tasks.detailed_formatter],
+        "reward": tasks.length_ratio_reward,
+    }
+    return pieces, {}
+
+
+def _length_feedback() -> tuple[dict[str, Any], dict[str, Any]]:
+    # Seed 002 has no held-out split: evaluation replays the four training prompts.
+    pieces = {
+        "dataset": lambda: (tasks.feedback_dataset(), tasks.feedback_dataset()),
+        "reward": tasks.feedback_ratio_reward,
+        "transition": tasks.length_feedback,
+    }
+    return pieces, {"num_turns": 2, "early_termination_threshold": 0.9}
+
+
+BUILTIN_TASKS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
+    "length_ratio": _length_ratio,
+    "length_feedback": _length_feedback,
+}
+
+
+def build_task(section: Any) -> TaskParts:
+    """Resolve a ``task`` section: a built-in name, ``"module:function"`` (a task factory that
+    returns the section as a dict), or a dict with the keys ``TASK_KEYS``."""
+    if section is None:
+        raise CLIError(
+            f"the run file has no task section; give `task: NAME` with NAME one of "
+            f"{list(BUILTIN_TASKS)}, or `task: {{dataset: ..., reward: ..., ...}}`."
+        )
+    if isinstance(section, str):
+        section = {"name": section} if ":" not in section else _call_factory(section)
+    if not isinstance(section, Mapping):
+        raise CLIError(f"task must be a name or a mapping, got {section!r}.")
+    check_keys(section, TASK_KEYS, "task key")
+    pieces, defaults = _builtin(section.get("name"))
+    pieces.update({k: v for k, v in section.items() if k != "name"})
+    for required in ("dataset", "reward"):
+        if pieces.get(required) is None:
+            raise CLIError(
+                f"task needs {required!r} ('package.module:function') or a built-in name, one "
+                f"of {list(BUILTIN_TASKS)}."
+            )
+    train, evaluation = _datasets(pieces)
+    formatters = pieces.get("formatters")
+    if isinstance(formatters, (list, tuple)):
+        formatters = [resolve_import(f, f"task.formatters[{i}]") for i, f in enumerate(formatters)]
+    else:
+        formatters = resolve_import(formatters, "task.formatters")
+    callbacks = {
+        name: resolve_import(pieces[name], f"task.{name}")
+        for name in TRAINER_CALLBACKS
+        if pieces.get(name) is not None
+    }
+    return TaskParts(
+        train_dataset=train,
+        eval_dataset=evaluation,
+        formatters=formatters,
+        reward_func=resolve_import(pieces["reward"], "task.reward"),
+        reward_processor=_reward_processor(pieces.get("reward_processor")),
+        external_transition=resolve_import(pieces.get("transition"), "task.transition"),
+        callbacks=callbacks,
+        config_defaults=defaults,
+    )
+
+
+def _call_factory(ref: str) -> Any:
+    factory = resolve_import(ref, "task")
+    if not callable(factory):
+        raise CLIError(f"task={ref!r} is not callable; give a function that returns a dict.")
+    return factory()
+
+
+def _builtin(name: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    if name is None:
+        return {}, {}
+    if name not in BUILTIN_TASKS:
+        raise CLIError(
+            f"unknown task name {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)} (or leave "
+            "out `name` and give dataset/reward/formatters as 'package.module:function')."
+        )
+    return BUILTIN_TASKS[name]()
+
+
+def _datasets(pieces: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(train, eval) from ``dataset`` (a dataset, a (train, eval) pair, a ``DatasetDict`` or a
+    callable returning one), then ``eval_dataset``, ``test_size`` and the item limits."""
+    made = _made_dataset(pieces["dataset"], "task.dataset", pieces.get("dataset_kwargs"))
+    if isinstance(made, (Dataset, IterableDataset)):
+        train, evaluation = made, None
+    elif isinstance(made, (tuple, list)) and len(made) == 2:
+        train, evaluation = made
+    elif isinstance(made, (Mapping, DatasetDict)) and "train" in made:
+        train = made["train"]
+        evaluation = next((made[k] for k in ("test", "validation", "eval") if k in made), None)
+    else:
+        raise CLIError(
+            f"task.dataset gave {type(made).__name__}; it must give a datasets.Dataset, an "
+            "IterableDataset, a (train, eval) pair or a DatasetDict with a 'train' split."
+        )
+    if pieces.get("eval_dataset") is not None:
+        evaluation = _made_dataset(pieces["eval_dataset"], "task.eval_dataset", None)
+    test_size = pieces.get("test_size")
+    if test_size is not None:
+        if evaluation is not None or not isinstance(train, Dataset):
+            raise CLIError(
+                "task.test_size splits one map-style Dataset; the dataset already has an eval "
+                "split (or is iterable). Drop test_size."
+            )
+        split = train.train_test_split(test_size=test_size, seed=42)
+        train, evaluation = split["train"], split["test"]
+    train = _limited(train, pieces.get("max_train_items"), "max_train_items")
+    evaluation = _limited(evaluation, pieces.get("max_eval_items"), "max_eval_items")
+    return train, evaluation
+
+
+def _made_dataset(ref: Any, what: str, kwargs: Any) -> Any:
+    obj = resolve_import(ref, what)
+    if isinstance(obj, (Dataset, IterableDataset, DatasetDict, tuple, list)):
+        return obj
+    if not callable(obj):
+        raise CLIError(f"{what} must be a dataset or a function returning one, got {obj!r}.")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise CLIError(f"task.dataset_kwargs must be a mapping, got {kwargs!r}.")
+    return obj(**dict(kwargs or {}))
+
+
+def _limited(data: Any, limit: Any, name: str) -> Any:
+    if limit is None or data is None:
+        return data
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise CLIError(f"task.{name} must be an int >= 1, got {limit!r}.")
+    if isinstance(data, Dataset):
+        return data.select(range(min(limit, len(data))))
+    return data.take(limit)
+
+
+def _reward_processor(spec: Any) -> Callable[[float], float] | None:
+    """``"module:function"``, or steps in order: ``{scale: 10, shift: -1, clip: [0, 5]}``."""
+    if spec is None or not isinstance(spec, Mapping):
+        return resolve_import(spec, "task.reward_processor")
+    check_keys(spec, REWARD_PROCESSOR_STEPS, "task.reward_processor step")
+    steps = []
+    try:
+        for name, arg in spec.items():
+            if name == "clip":
+                steps.append(RewardProcessors.clip(*arg))
+            else:
+                steps.append(getattr(RewardProcessors, name)(arg))
+    except (TypeError, ValueError) as exc:
+        raise CLIError(
+            f"task.reward_processor: {one_line(exc)} (scale and shift take a number, clip "
+            "takes [low, high])."
+        ) from None
+    return RewardProcessors.compose(*steps)
+
+
+def task_from_flags(section: Any, task: str | None = None, **pieces: Any) -> Any:
+    """The task section with ``cmlrl check``'s flags applied (``--task``, ``--reward``, ...)."""
+    if task is not None:
+        section = task
+    pieces = {k: v for k, v in pieces.items() if v is not None}
+    if not pieces:
+        return section
+    if isinstance(section, str):
+        section = {"name": section} if ":" not in section else _call_factory(section)
+    return {**(section or {}), **pieces}
+
+
+def check_task_section(task: TaskParts, config: Any) -> tuple[str, bool]:
+    """Run ``check_task`` and ``check_env`` on the task (no model): (the report, passed)."""
+    from cmlrl_env import CoMLRLEnv, ConformanceError, TaskCheckError, check_env, check_task
+
+    pieces = dict(
+        num_agents=config.num_agents or task.num_agents,
+        num_turns=config.num_turns,
+        external_transition=task.external_transition,
+        reward_processor=task.reward_processor,
+    )
+    lines, failed = [], []
+    try:
+        threshold = config.early_termination_threshold
+        lines.append(
+            str(
+                check_task(
+                    task.train_dataset,
+                    task.formatters,
+                    task.reward_func,
+                    early_termination_threshold=threshold,
+                    **pieces,
+                )
+            )
+        )
+    except TaskCheckError as exc:
+        lines.append(str(exc.report))
+        failed.append(f"check_task found {len(exc.report.problems)} problem(s)")
+    # Later turns go unchecked when the threshold ends every random episode after turn 1.
+    threshold = None if config.num_turns > 1 else config.early_termination_threshold
+    env_fn = functools.partial(
+        CoMLRLEnv,
+        task.train_dataset,
+        task.formatters,
+        task.reward_func,
+        early_termination_threshold=threshold,
+        **pieces,
+    )
+    try:
+        passed = check_env(env_fn)
+        lines.append(f"check_env: {len(passed)} checks passed ({', '.join(passed)})")
+    except (ConformanceError, TaskCheckError) as exc:
+        lines.append(f"check_env: {exc}")
+        failed.append(f"check_env failed in {getattr(exc, 'check', 'a check')}")
+    lines.append("FAILED: " + "; ".join(failed) if failed else "OK: the task passes every check.")
+    return "\n".join(lines), not failed
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
