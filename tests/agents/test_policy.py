@@ -48,6 +48,7 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"top_p": 1.5}, "top_p=1.5"),
         ({"top_k": 0}, "top_k=0"),
+        ({"max_new_tokens": 4, "min_new_tokens": 5}, "min_new_tokens=5 must be in"),
     ],
 )
 def test_sampling_config_rejects_bad_values(kwargs: dict, message: str) -> None:
@@ -59,6 +60,7 @@ def test_sampling_config_generate_kwargs() -> None:
     kwargs = SamplingConfig(max_new_tokens=8, temperature=0.7, top_p=0.9).generate_kwargs()
     assert kwargs == {
         "max_new_tokens": 8,
+        "min_new_tokens": 0,
         "do_sample": True,
         "num_beams": 1,
         "temperature": 0.7,
@@ -66,7 +68,9 @@ def test_sampling_config_generate_kwargs() -> None:
         "top_k": 0,  # None means "no top-k"; generate would otherwise default to 50
     }
     greedy = SamplingConfig(max_new_tokens=4, do_sample=False).generate_kwargs()
-    assert greedy == {"max_new_tokens": 4, "do_sample": False, "num_beams": 1}
+    assert greedy == {"max_new_tokens": 4, "min_new_tokens": 0, "do_sample": False, "num_beams": 1}
+    forced = SamplingConfig(max_new_tokens=4, min_new_tokens=4).generate_kwargs()
+    assert forced["min_new_tokens"] == 4
 
 
 # --------------------------------------------------------------------------- construction
