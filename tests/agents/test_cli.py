@@ -168,9 +168,7 @@ def test_the_installed_console_script_trains_and_fails_cleanly(tmp_path):
         ("task.reward_processor.scal=2", ["'scal'", "scale, shift, clip"]),
     ],
 )
-def test_unknown_or_bad_values_exit_2_with_one_line_naming_the_choices(
-    capsys, override, expected
-):
+def test_unknown_or_bad_values_exit_2_with_one_line_naming_the_choices(capsys, override, expected):
     code, out, err = run_cli(capsys, "train", TINY, "--set", override)
     assert code == 2 and out == ""
     assert err.startswith("cmlrl train: error: ") and err.count("\n") == 1, err
