@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from cmlrl_agents.cli_tasks import CLIError, apply_overrides, parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "configs" / "tiny.yaml"
+DOC = ROOT / "docs" / "experiments.md"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 USER_TASK = textwrap.dedent("""
@@ -295,3 +298,19 @@ def test_actor_critic_trainers_run_from_the_command_line(algorithm, tmp_path, ca
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["algorithm"] == algorithm
     assert "eval/turn_1/reward_mean" in out
+
+
+def test_the_documented_tiny_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    blocks = re.findall(r"^```bash\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M)
+    block = next(b for b in blocks if "examples/configs/tiny.yaml" in b)
+    (tmp_path / "examples" / "configs").mkdir(parents=True)
+    shutil.copy(TINY, tmp_path / "examples" / "configs" / "tiny.yaml")
+    monkeypatch.chdir(tmp_path)
+    for line in block.splitlines():
+        command = shlex.split(line, comments=True)
+        assert command[0] == "cmlrl", line
+        code, _, err = run_cli(capsys, *command[1:])
+        assert code == 0, f"{line}\n{err}"
+    runs = tmp_path / "runs"
+    assert (runs / "tiny" / "rewards.png").is_file() and (runs / "tiny" / "eval").is_dir()
+    assert json.loads((runs / "tiny-lr" / "config.json").read_text())["agent_learning_rate"] == 5e-4
