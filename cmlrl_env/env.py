@@ -83,6 +83,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         self.possible_agents = [f"agent_{i}" for i in range(self.task.num_agents)]
         self.agents: list[str] = []
         # One space object per agent: seeding agent_1's space must not reseed agent_0's.
+        self.max_prompt_chars = max_prompt_chars
         self._obs_spaces = {a: spaces.Dict({"prompt": TextSpace(max_prompt_chars)})
                             if dict_observations else TextSpace(max_prompt_chars)
                             for a in self.possible_agents}
@@ -178,6 +179,14 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         return tuple(actions[a] for a in self.agents)
 
     def _observe(self, state: EpisodeState) -> dict[str, Obs]:
+        limit = self.max_prompt_chars
+        for agent, prompt in zip(self.possible_agents, state.prompts, strict=True):
+            if len(prompt) > limit:
+                raise ValueError(
+                    f"the prompt of {agent} at turn {state.turn + 1} of item {state.item_index} "
+                    f"has {len(prompt)} characters, more than max_prompt_chars={limit}; raise "
+                    "max_prompt_chars or shorten the formatter's or transition's prompt."
+                )
         return {a: {"prompt": p} if self.dict_observations else p
                 for a, p in zip(self.possible_agents, state.prompts, strict=True)}
 

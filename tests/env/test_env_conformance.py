@@ -130,12 +130,26 @@ def test_check_env_reports_hidden_state() -> None:
 
 
 def test_text_contract_reports_prompts_longer_than_their_space() -> None:
-    env_fn = functools.partial(length_ratio_env, max_prompt_chars=10)
+    # CoMLRLEnv itself refuses such a prompt at reset; the contract check covers any env that
+    # hands one out anyway (here: one whose limit check is bypassed).
+    class Lenient(CoMLRLEnv):
+        max_prompt_chars = property(lambda self: 10**9, lambda self, value: None)
+
+    base = functools.partial(length_ratio_env, max_prompt_chars=10)
+    env_fn = functools.partial(_lenient, base, Lenient)
     with pytest.raises(ConformanceError, match=r"text_contract failed: episode 0, reset: the "
                                                r"observation of agent_0 \(str, 'Write a sh.*is "
                                                r"outside TextSpace\(min_length=0, "
                                                r"max_length=10\).*raise max_prompt_chars"):
         check_text_contract(env_fn)
+    with pytest.raises(ValueError, match="more than max_prompt_chars=10"):
+        check_text_contract(base)
+
+
+def _lenient(base, cls, **kwargs):
+    env = base(**kwargs)
+    env.__class__ = cls
+    return env
 
 
 # -- check_task -----------------------------------------------------------------------------------

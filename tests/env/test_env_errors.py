@@ -314,3 +314,15 @@ def test_group_step_checks_its_arguments() -> None:
         task.step_group([root, other], [[("x", "y")], [("x", "y")]])
     done = task.step_group([root], [[("x", "y")]])[0][0]
     assert done.next_state is None
+
+
+def test_prompt_longer_than_max_prompt_chars_is_an_error():
+    from datasets import Dataset
+
+    from cmlrl_env import CoMLRLEnv
+
+    env = CoMLRLEnv(Dataset.from_dict({"prompt": ["x" * 20]}), None,
+                    lambda a, b: [0.0] * len(a), max_prompt_chars=10)
+    with pytest.raises(ValueError, match=r"the prompt of agent_0 at turn 1 of item 0 has 20 "
+                                         r"characters, more than max_prompt_chars=10"):
+        env.reset()
