@@ -98,7 +98,23 @@ def plan(spec: Mapping[str, Any], *, need_model: bool = True) -> Plan:
             raise CLIError(f"wandb must be a mapping (or null to turn W&B off), got {wandb!r}.")
         check_keys(wandb, WANDB_CONFIG_KEYS, "wandb key")
     model = _model_section(spec.get("model")) if need_model or "model" in spec else None
-    return Plan(algorithm, cls, config, task, model, None if wandb is None else dict(wandb))
+    p = Plan(algorithm, cls, config, task, model, None if wandb is None else dict(wandb))
+    _check_fit(p)
+    return p
+
+
+def _check_fit(p: Plan) -> None:
+    """Refuse task callbacks and critics that the algorithm would not use."""
+    params = inspect.signature(p.trainer_class).parameters
+    for name in p.task.callbacks:
+        if name not in params:
+            takes = [c for c in TRAINER_CALLBACKS if c in params]
+            raise CLIError(
+                f"task.{name} is not used by algorithm {p.algorithm!r}; it takes {takes}."
+            )
+    if p.model and "critic_name_or_path" in p.model and not _num_critics(p, 1):
+        why = " with use_separate_critic=false" if p.algorithm == "iac" else ""
+        raise CLIError(f"model.critic_name_or_path is not used by algorithm {p.algorithm!r}{why}.")
 
 
 def _config(cls: type[SharedConfig], section: Any, defaults: Mapping[str, Any]) -> SharedConfig:
@@ -148,13 +164,6 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
     """The trainer of a plan; ``agent_dirs`` (one ``save_model`` folder per agent) replace the
     run file's model."""
     assert p.model is not None, "plan(..., need_model=True) first"
-    params = inspect.signature(p.trainer_class).parameters
-    for name in p.task.callbacks:
-        if name not in params:
-            takes = [c for c in TRAINER_CALLBACKS if c in params]
-            raise CLIError(
-                f"task.{name} is not used by algorithm {p.algorithm!r}; it takes {takes}."
-            )
     num_agents = p.config.num_agents or p.task.num_agents or 2
     model_config = {k: v for k, v in p.model.items() if k in MODEL_CONFIG_KEYS}
     name = str(p.model["name_or_path"])
@@ -162,14 +171,12 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
         models: dict[str, Any] = {"agents": [str(d) for d in agent_dirs]}
     else:
         models = _models(name, num_agents, model_config, seed=0)
-    num_critics = _num_critics(p, params, num_agents)
+    num_critics = _num_critics(p, num_agents)
     if num_critics:
         critic = _models(
             str(p.model.get("critic_name_or_path", name)), num_critics, model_config, seed=100
         )
         models |= {"critic_model": critic.get("agent_model"), "critics": critic.get("agents")}
-    elif "critic_name_or_path" in p.model:
-        raise CLIError(f"model.critic_name_or_path is not used by algorithm {p.algorithm!r}.")
     task = p.task
     return p.trainer_class(
         **models,
@@ -186,8 +193,8 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
     )
 
 
-def _num_critics(p: Plan, params: Mapping[str, Any], num_agents: int) -> int:
-    if "critic_model" not in params:
+def _num_critics(p: Plan, num_agents: int) -> int:
+    if "critic_model" not in inspect.signature(p.trainer_class).parameters:
         return 0
     if p.algorithm == "maac":
         return 1

@@ -169,6 +169,11 @@ def test_the_installed_console_script_trains_and_fails_cleanly(tmp_path):
         ("task.reward=cli_no_such_module:f", ["module 'cli_no_such_module' not found"]),
         ("task.reward=cmlrl_env.tasks:nope", ["has no attribute 'nope'", "length_ratio_reward"]),
         ("task.reward_processor.scal=2", ["'scal'", "scale, shift, clip"]),
+        ("model.critic_name_or_path=tiny", ["critic_name_or_path is not used by algorithm"]),
+        (
+            "task.metrics_callback=cmlrl_env.tasks:length_feedback",
+            ["task.metrics_callback is not used by algorithm 'magrpo'", "eval_logger"],
+        ),
     ],
 )
 def test_unknown_or_bad_values_exit_2_with_one_line_naming_the_choices(capsys, override, expected):
