@@ -228,19 +228,20 @@ BUILTIN_TASKS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = 
 
 
 def build_task(section: Any) -> TaskParts:
-    """Resolve a ``task`` section: a built-in name, ``"module:function"`` (a task factory that
-    returns the section as a dict), or a dict with the keys ``TASK_KEYS``."""
+    """Resolve a ``task`` section: a mapping with the keys ``TASK_KEYS``, or just its ``name``.
+    The name is a built-in task or ``"module:function"`` (a factory returning the keys); the
+    other keys replace its pieces."""
     if section is None:
         raise CLIError(
             f"the run file has no task section; give `task: NAME` with NAME one of "
             f"{list(BUILTIN_TASKS)}, or `task: {{dataset: ..., reward: ..., ...}}`."
         )
     if isinstance(section, str):
-        section = {"name": section} if ":" not in section else _call_factory(section)
+        section = {"name": section}
     if not isinstance(section, Mapping):
         raise CLIError(f"task must be a name or a mapping, got {section!r}.")
     check_keys(section, TASK_KEYS, "task key")
-    pieces, defaults = _builtin(section.get("name"))
+    pieces, defaults = _named_task(section.get("name"))
     pieces.update({k: v for k, v in section.items() if k != "name"})
     for required in ("dataset", "reward"):
         if pieces.get(required) is None:
@@ -271,20 +272,28 @@ def build_task(section: Any) -> TaskParts:
     )
 
 
-def _call_factory(ref: str) -> Any:
-    factory = resolve_import(ref, "task")
-    if not callable(factory):
-        raise CLIError(f"task={ref!r} is not callable; give a function that returns a dict.")
-    return factory()
-
-
-def _builtin(name: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _named_task(name: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pieces, config defaults) of a built-in task or of a ``module:function`` task factory."""
     if name is None:
         return {}, {}
+    if isinstance(name, str) and ":" in name:
+        factory = resolve_import(name, "task")
+        try:
+            made = factory() if callable(factory) else None
+        except TypeError as exc:  # e.g. a formatter named by mistake: it wants an item
+            raise CLIError(f"task {name!r}() failed: {one_line(exc)}") from None
+        if not isinstance(made, Mapping):
+            raise CLIError(
+                f"task {name!r} must be a function without arguments that returns a mapping of "
+                f"task keys ({', '.join(TASK_KEYS[1:])})."
+            )
+        check_keys(made, [k for k in TASK_KEYS if k != "name"], f"task key from {name}")
+        return dict(made), {}
     if name not in BUILTIN_TASKS:
         raise CLIError(
-            f"unknown task name {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)} (or leave "
-            "out `name` and give dataset/reward/formatters as 'package.module:function')."
+            f"unknown task name {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)} (or a "
+            "'package.module:function' returning the task keys, or give dataset/reward/... "
+            "without a name)."
         )
     return BUILTIN_TASKS[name]()
 
@@ -370,7 +379,7 @@ def task_from_flags(section: Any, task: str | None = None, **pieces: Any) -> Any
     if not pieces:
         return section
     if isinstance(section, str):
-        section = {"name": section} if ":" not in section else _call_factory(section)
+        section = {"name": section}
     return {**(section or {}), **pieces}
 
 

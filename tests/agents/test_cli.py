@@ -39,6 +39,11 @@ USER_TASK = textwrap.dedent("""
 
     def broken_reward(short, long):
         return [len(b) / len(a) for a, b in zip(short, long)]
+
+    USER_TASK_CONSTANT = 1
+
+    def task():
+        return {"dataset": make_dataset, "formatters": [brief, detailed], "reward": quarter}
 """)
 
 
@@ -236,6 +241,19 @@ def test_check_passes_on_a_good_task(user_task, capsys):
     )
     assert code == 0, out
     assert "gave 0.25 to every sample joint response" in out  # a constant reward is flagged
+
+
+def test_a_task_factory_given_as_module_function(user_task, capsys):
+    code, out, _ = run_cli(capsys, "check", "--task", "cli_user_task:task")
+    assert code == 0 and "reward_func quarter gave 0.25" in out
+    code, out, _ = run_cli(
+        capsys, "check", "--task", "cli_user_task:task", "--reward", "cli_user_task:broken_reward"
+    )
+    assert code == 1 and "ZeroDivisionError" in out
+    code, _, err = run_cli(capsys, "check", "--task", "cli_user_task:brief")
+    assert code == 2 and "task 'cli_user_task:brief'() failed: brief() missing" in err
+    code, _, err = run_cli(capsys, "check", "--task", "cli_user_task:USER_TASK_CONSTANT")
+    assert code == 2 and "must be a function without arguments that returns a mapping" in err
 
 
 def test_check_fails_readably_on_a_broken_reward(user_task, capsys):
