@@ -73,7 +73,7 @@ _Loader.add_implicit_resolver(
 def parse_value(text: str) -> Any:
     """A ``--set`` value as a YAML scalar (or flow list/dict): ``1e-5``, ``true``, ``[a, b]``."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise CLIError(f"cannot parse the value {text!r}: {one_line(exc)}") from None
 
@@ -84,7 +84,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CLIError(f"run file {str(path)!r} not found.")
     try:
-        spec = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+        spec = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except yaml.YAMLError as exc:
         raise CLIError(f"{path} is not valid YAML: {one_line(exc)}") from None
     if not isinstance(spec, Mapping):
