@@ -41,11 +41,6 @@ class ActorCriticConfig(SharedConfig):
     ppo_epochs: int = 1
     """Passes over each round's samples; > 1 needs ``ppo_clip_range``."""
     rollout_buffer_size: int = 8
-    """Task items rolled out together (one batched generate per agent and turn) per update."""
-    train_batch_size: int | None = None
-    """Task items per optimizer step within an update (None: the whole buffer, one step)."""
-    forward_batch_size: int | None = None
-    """Sequences per forward/backward pass (memory only, same result)."""
     value_head_hidden_dim: int | None = None
     """None: a linear value head; an int: a tanh MLP of that width."""
     top_k: int | None = None
@@ -62,9 +57,6 @@ class ActorCriticConfig(SharedConfig):
         self._real("gae_lambda", 0.0, 1.0)
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
         self._int("ppo_epochs", 1)
-        self._int("rollout_buffer_size", 1)
-        self._int("train_batch_size", 1, optional=True)
-        self._int("forward_batch_size", 1, optional=True)
         self._int("value_head_hidden_dim", 1, optional=True)
         self._check_combinations()
 
@@ -83,12 +75,6 @@ class ActorCriticConfig(SharedConfig):
                 "pass the samples are off-policy, and only the clipped ratio corrects for that. "
                 "Set ppo_clip_range or use ppo_epochs=1."
             )
-        if self.train_batch_size is not None and self.train_batch_size > self.rollout_buffer_size:
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} is larger than rollout_buffer_size="
-                f"{self.rollout_buffer_size}; an optimizer step cannot use more items than one "
-                "rollout collects. Lower train_batch_size or raise rollout_buffer_size."
-            )
         if self.advantage_normalization and self.rollout_buffer_size * self.num_generations < 2:
             raise ValueError(
                 f"advantage_normalization=True with rollout_buffer_size="
@@ -99,13 +85,12 @@ class ActorCriticConfig(SharedConfig):
             )
 
     @property
-    def items_per_step(self) -> int:
-        return self.train_batch_size or self.rollout_buffer_size
-
-    @property
     def critic_lr(self) -> float:
-        return (self.critic_learning_rate if self.critic_learning_rate is not None
-                else self.agent_learning_rate)
+        return (
+            self.critic_learning_rate
+            if self.critic_learning_rate is not None
+            else self.agent_learning_rate
+        )
 
 
 @dataclass

@@ -126,6 +126,12 @@ class SharedConfig(ValidatedConfig):
     """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
     output_dir: str | None = None
     """Local metrics, config, plots and checkpoints (None: ``runs/<algorithm>-<time>``)."""
+    rollout_buffer_size: int = 2
+    """Task items rolled out together (one batched generate per agent and turn) per update."""
+    train_batch_size: int | None = None
+    """Task items per optimizer step within an update (None: the whole buffer, one step)."""
+    forward_batch_size: int | None = None
+    """Sequences per forward/backward pass (gradient accumulation; memory only, same result)."""
     verbose: bool | None = None
     """Progress bar and eval lines (None: on in a terminal, or as
     ``wandb_config["config_sections"]["output"]["verbose"]`` says)."""
@@ -159,7 +165,21 @@ class SharedConfig(ValidatedConfig):
         self._int("seed", 0, optional=True)
         if self.output_dir is not None and not isinstance(self.output_dir, str):
             raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        self._int("rollout_buffer_size", 1)
+        self._int("train_batch_size", 1, optional=True)
+        self._int("forward_batch_size", 1, optional=True)
+        if self.train_batch_size is not None and self.train_batch_size > self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} is larger than rollout_buffer_size="
+                f"{self.rollout_buffer_size}; an optimizer step cannot use more items than one "
+                "rollout collects. Lower train_batch_size or raise rollout_buffer_size."
+            )
         if self.verbose is not None:
             self._bool("verbose")
         self._int("save_steps", 0)
         self._int("save_total_limit", 1, optional=True)
+
+    @property
+    def items_per_step(self) -> int:
+        """Task items per optimizer step."""
+        return self.train_batch_size or self.rollout_buffer_size

@@ -38,12 +38,6 @@ class MAGRPOConfig(SharedConfig):
     """Divide advantages by the siblings' return std (no re-centring)."""
     loss_aggregation: str = "sequence_sum"
     """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
-    rollout_buffer_size: int = 2
-    """Task items rolled out together (one batched generate per agent and turn) per update."""
-    train_batch_size: int | None = None
-    """Task items per optimizer step within an update (None: the whole buffer, one step)."""
-    forward_batch_size: int | None = None
-    """Sequences per forward/backward pass (gradient accumulation; memory only, same result)."""
     reference_kl_enabled: bool = False
     """Penalise divergence from a frozen copy of each agent's initial weights."""
     reference_kl_coef: float = 0.1
@@ -57,9 +51,6 @@ class MAGRPOConfig(SharedConfig):
         self._choice("advantage_mode", ADVANTAGE_MODES)
         self._bool("advantage_normalization")
         self._choice("loss_aggregation", LOSS_AGGREGATIONS)
-        self._int("rollout_buffer_size", 1)
-        self._int("train_batch_size", 1, optional=True)
-        self._int("forward_batch_size", 1, optional=True)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
         if self.num_generations < 2 and self.advantage_mode != "raw":
@@ -68,16 +59,6 @@ class MAGRPOConfig(SharedConfig):
                 f"{self.advantage_mode!r}: a group baseline needs at least 2 samples per state; "
                 "use num_generations >= 2 or advantage_mode='raw'."
             )
-        if self.train_batch_size is not None and self.train_batch_size > self.rollout_buffer_size:
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} is larger than rollout_buffer_size="
-                f"{self.rollout_buffer_size}; an optimizer step cannot use more items than one "
-                "rollout collects. Lower train_batch_size or raise rollout_buffer_size."
-            )
-
-    @property
-    def items_per_step(self) -> int:
-        return self.train_batch_size or self.rollout_buffer_size
 
 
 @dataclass
