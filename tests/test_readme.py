@@ -1,0 +1,28 @@
+"""The README's model-free code block runs as written (the others need SmolLM2: see the slow
+tests and examples/length_ratio.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_the_environment_block_runs(capsys):
+    block = next(b for b in python_blocks() if "CoMLRLEnv(" in b and "smollm2" not in b)
+    exec(compile(block, "README.md", "exec"), {})
+    assert "{'agent_0': 1.0, 'agent_1': 1.0}" in capsys.readouterr().out
+
+
+def test_the_commands_match_ci():
+    text = README.read_text(encoding="utf-8")
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    test_command = "bash scripts/setup.sh && python -m pytest -q"
+    assert f"```bash\n{test_command}\n```" in text
+    assert ci.strip().endswith(test_command)
+    assert "```bash\nbash scripts/setup.sh && python examples/length_ratio.py\n```" in text
