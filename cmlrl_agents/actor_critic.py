@@ -11,7 +11,8 @@ Episodes become chains of turns as :mod:`cmlrl_agents.actor_critic_rollouts` doc
 IAC gives agent i its own critic ``V_i(prompt_i)``: a separate LM per agent, or a value head on
 the actor's trunk trained through the actor's optimizer. MAAC has ONE critic over the joint
 transcript (``EpisodeState.transcript()``, what ``env.state()`` returns), stepped once per
-minibatch for the whole team (the reference stepped it once per agent on the same data, B13).
+minibatch for the whole team, i.e. once per round with the default ``train_batch_size=None`` and
+``ppo_epochs=1`` (the reference stepped it once per agent on the same data, B13).
 
 ``metrics_callback(rollouts)`` gets the round's :class:`RolloutSample` list once per round; its
 keys are merged into that round's training entry (logged at that env_step; with
@@ -42,6 +43,7 @@ from cmlrl_agents.actor_critic_rollouts import (
     value_metrics,
 )
 from cmlrl_agents.losses import policy_gradient_loss, value_loss
+from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
@@ -95,7 +97,7 @@ class _ActorCriticTrainer(TeamTrainer):
         # A head on the actor is trained by the actor's optimizer (its own lr group): both
         # losses move the shared trunk, so one step must see both gradients.
         self.optimizers = [self._actor_optimizer(a) for a in range(self.num_agents)]
-        self.critic_optimizers = [_adamw([{"params": c.own_parameters()}], args.critic_lr,
+        self.critic_optimizers = [make_adamw([{"params": c.own_parameters()}], args.critic_lr,
                                          f"critics[{i}]")
                                   for i, c in enumerate(self.critics) if not c.shared]
 
@@ -105,7 +107,7 @@ class _ActorCriticTrainer(TeamTrainer):
         critic = self.critics[self._critic_index(a)]
         if critic.shared:
             groups.append({"params": critic.own_parameters(), "lr": self.args.critic_lr})
-        return _adamw(groups, self.args.agent_learning_rate, f"agents[{a}]")
+        return make_adamw(groups, self.args.agent_learning_rate, f"agents[{a}]")
 
     # -- critics: which one serves which agent and reads what ----------------------------------
     def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
@@ -314,7 +316,7 @@ class _ActorCriticTrainer(TeamTrainer):
             (total * weight).backward()
             for key, value in losses.items():
                 sums[key] += float(value.detach()) * weight
-        sums["grad_norm"] = _clip_and_step(optimizer, args.max_grad_norm)
+        sums["grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
         return dict(sums)
 
     def _chunk_losses(self, agent: LLMAgent, critic: ValueModel, chunk: list[RolloutSample],
@@ -370,7 +372,7 @@ class _ActorCriticTrainer(TeamTrainer):
             loss = self._value_loss(state_values[index], chunk) * (len(chunk) / len(rows))
             (self.args.value_loss_coef * loss).backward()
             loss_sum += float(loss.detach())
-        grad_norm = _clip_and_step(optimizer, self.args.max_grad_norm)
+        grad_norm = clip_and_step(optimizer, self.args.max_grad_norm)
         return {"value_loss": loss_sum, "grad_norm": grad_norm}
 
     # -- saving -------------------------------------------------------------------------------
@@ -420,18 +422,3 @@ class MAACTrainer(_ActorCriticTrainer):
 def _batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> TokenBatch:
     return build_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
                        agent.pad_token_id).to(agent.device)
-
-
-def _adamw(groups: list[dict[str, Any]], lr: float, name: str) -> torch.optim.Optimizer:
-    if not groups[0]["params"]:
-        raise ValueError(f"{name} has no trainable parameters (requires_grad=False everywhere); "
-                         "unfreeze some, or wrap it with a LoRA adapter.")
-    return torch.optim.AdamW(groups, lr=lr, foreach=True)
-
-
-def _clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    limit = max_norm if max_norm is not None else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(params, limit, error_if_nonfinite=True)
-    optimizer.step()
-    return float(norm)

@@ -25,6 +25,7 @@ from cmlrl_agents.magrpo_config import (
     MAReMaxConfig,
     MARLOOConfig,
 )
+from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
@@ -143,7 +144,14 @@ class MAGRPOTrainer(TeamTrainer):
         )
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
-        self.optimizers = [_adamw(agent.model, args.agent_learning_rate) for agent in self.agents]
+        self.optimizers = [
+            make_adamw(
+                (p for p in agent.model.parameters() if p.requires_grad),
+                args.agent_learning_rate,
+                f"agents[{i}]",
+            )
+            for i, agent in enumerate(self.agents)
+        ]
         self.reference_models = (
             [_frozen_copy(agent.model) for agent in self.agents]
             if args.reference_kl_enabled
@@ -233,11 +241,7 @@ class MAGRPOTrainer(TeamTrainer):
             if kl is not None:
                 for s, value in zip(chunk, kl.tolist(), strict=True):
                     kl_by_turn[s.turn].append(value)
-        params = [p for p in agent.model.parameters() if p.requires_grad]
-        max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=True)
-        optimizer.step()
-        stats = {"loss": loss_sum, "grad_norm": float(grad_norm)}
+        stats = {"loss": loss_sum, "grad_norm": clip_and_step(optimizer, args.max_grad_norm)}
         for turn, values in kl_by_turn.items():
             mean = sum(values) / len(values)
             stats[f"turn_{turn}/reference_kl_mean"] = mean
@@ -268,16 +272,6 @@ class MAGRPOTrainer(TeamTrainer):
         # TRL-style: the KL to the frozen reference is a loss term (no extra policy forward).
         loss = loss + args.reference_kl_coef * kl.mean() * (len(chunk) / num_samples)
         return loss, kl.detach()
-
-
-def _adamw(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(
-            "the agent's model has no trainable parameters (requires_grad=False "
-            "everywhere); unfreeze some, or wrap it with a LoRA adapter."
-        )
-    return torch.optim.AdamW(params, lr=lr, foreach=True)
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

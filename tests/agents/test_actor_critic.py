@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -269,17 +270,25 @@ def test_chunked_forwards_give_the_same_gradients(tmp_path, cls, cfg_cls, critic
                                 sampling=trainer.sampling)
             inputs = trainer._critic_inputs(tree)
             rollouts = (trainer._rollouts(tree, normalize=True, inputs=inputs), inputs)
-        for optimizer in trainer.optimizers + trainer.critic_optimizers:
+        # Record the gradients each optimizer would apply (the step frees them afterwards).
+        seen: list[torch.Tensor] = []
+        for optimizer in trainer.optimizers[:1] + trainer.critic_optimizers:
+            optimizer.step = functools.partial(_record_grads, optimizer, seen)
+        for optimizer in trainer.optimizers[1:]:
             optimizer.step = lambda *args, **kwargs: None
         samples, inputs = rollouts
         old = [trainer._old_logprobs(a, samples[a]) for a in range(2)]
         metrics = trainer._update(samples, inputs, old)
-        modules = [trainer.agents[0].model, *trainer.critics]
-        grads.append([p.grad for m in modules for p in m.parameters() if p.grad is not None])
+        grads.append(seen)
         assert math.isfinite(metrics["agent_0/policy_loss"])
     assert len(grads[0]) == len(grads[1]) > 0
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def _record_grads(optimizer: torch.optim.Optimizer, seen: list[torch.Tensor]) -> None:
+    seen.extend(p.grad.clone() for g in optimizer.param_groups for p in g["params"]
+                if p.grad is not None)
 
 
 # ----------------------------------------------------------------------- metrics_callback
