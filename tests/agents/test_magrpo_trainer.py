@@ -24,6 +24,7 @@ def make_trainer(tmp_path, **config):
     train, evaluation = tasks.length_ratio_splits()
     defaults = dict(
         num_agents=2,
+        rollout_buffer_size=2,
         num_generations=2,
         max_new_tokens=6,
         eval_interval=4,
@@ -316,8 +317,8 @@ def test_config_rejects_unknown_fields_and_cross_field_rules():
     config = MAGRPOConfig()
     with pytest.raises(AttributeError, match="has no field 'eval_samples'"):
         config.eval_samples = 3
-    with pytest.raises(ValueError, match="train_batch_size=4 is larger than rollout_buffer_size=2"):
-        MAGRPOConfig(train_batch_size=4)
+    with pytest.raises(ValueError, match="train_batch_size=8 is larger than rollout_buffer_size=4"):
+        MAGRPOConfig(train_batch_size=8)
     assert MAGRPOConfig(num_generations=1, advantage_mode="raw").num_generations == 1
 
 
