@@ -41,6 +41,8 @@ class ActorCriticConfig(SharedConfig):
     ppo_epochs: int = 1
     """Passes over each round's samples; > 1 needs ``ppo_clip_range``."""
     rollout_buffer_size: int = 8
+    """Task items per round, as in the reference (whose buffer held 8 single-turn samples):
+    advantages are normalised over a round, which needs more than one or two samples."""
     value_head_hidden_dim: int | None = None
     """None: a linear value head; an int: a tanh MLP of that width."""
     top_k: int | None = None
