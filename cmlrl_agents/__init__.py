@@ -1,5 +1,7 @@
 """LLM-policy agents and learners that train on ``cmlrl_env.CoMLRLEnv``."""
 
+from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer, RolloutSample
+from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.magrpo import (
     MAGRPOTrainer,
     MAREINFORCETrainer,
@@ -14,9 +16,17 @@ from cmlrl_agents.magrpo_config import (
 )
 from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, smollm2_path
 from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.value_head import ValueHead, ValueModel
 
 __all__ = [
     "Completion",
+    "IACConfig",
+    "IACTrainer",
+    "MAACConfig",
+    "MAACTrainer",
+    "RolloutSample",
+    "ValueHead",
+    "ValueModel",
     "LLMAgent",
     "MAGRPOConfig",
     "MAGRPOTrainer",
