@@ -6,8 +6,8 @@ every completion forced to exactly ``--tokens`` tokens (``min_new_tokens = max_n
 both do the same generation work. Each run is a fresh child process (the reference in a
 throwaway virtualenv), timed around ``trainer.train()`` only; peak memory is the child's max RSS.
 
-    python benchmarks/vs_comlrl.py                 # 1 and 2 turns, 4 items each
-    python benchmarks/vs_comlrl.py --turns 1 --items 2
+    python benchmarks/vs_comlrl.py --turns 1 --items 8
+    python benchmarks/vs_comlrl.py --turns 2 --items 4
 
 Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios.
 Notes: the reference never applies a chat template, so ours runs with ``chat_template=False``
@@ -36,12 +36,14 @@ COMMON = textwrap.dedent("""
     from cmlrl_env import tasks
     spec = json.loads(sys.argv[1])
     turns, items, tokens, model = spec["turns"], spec["items"], spec["tokens"], spec["model"]
+    def first(dataset, n):  # rows repeat in order when n exceeds the dataset
+        return dataset.select([i % len(dataset) for i in range(n)])
     if turns == 1:
-        train = tasks.length_ratio_dataset().select(range(items))
+        train = first(tasks.length_ratio_dataset(), items)
         task = dict(formatters=[tasks.brief_formatter, tasks.detailed_formatter],
                     reward_func=tasks.length_ratio_reward)
     else:
-        train = tasks.feedback_dataset().select(range(items))
+        train = first(tasks.feedback_dataset(), items)
         task = dict(reward_func=tasks.feedback_ratio_reward,
                     external_transition=tasks.length_feedback)
     def report(seconds, rollouts):
