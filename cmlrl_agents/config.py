@@ -130,8 +130,11 @@ class SharedConfig(ValidatedConfig):
     """Task items rolled out together (one batched generate per agent and turn) per update."""
     train_batch_size: int | None = None
     """Task items per optimizer step within an update (None: the whole buffer, one step)."""
-    forward_batch_size: int | None = None
-    """Sequences per forward/backward pass (gradient accumulation; memory only, same result)."""
+    forward_batch_size: int | None = 8
+    """Sequences per forward/backward pass (gradients accumulated: the result does not depend on
+    it). Bounds activation memory: a two-turn MAGRPO round of 4 items scores 80 completions per
+    agent, which peaks at 18.4 GB for SmolLM2-135M in one pass and 4.9 GB in passes of 8.
+    None: all in one pass."""
     verbose: bool | None = None
     """Progress bar and eval lines (None: on in a terminal, or as
     ``wandb_config["config_sections"]["output"]["verbose"]`` says)."""
