@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.plotting import plot_metrics
 from cmlrl_env import tasks
 
 
@@ -83,6 +84,7 @@ def main() -> None:
     after = trainer.evaluate()
     minutes = (time.perf_counter() - start) / 60
     trainer.close()
+    plot_metrics(trainer.run_dir)  # again, with the final evaluation
     before = next(m for _, m in trainer.logger.history if "eval/turn_1/reward_mean" in m)
     Path("eval-metrics.json").write_text(json.dumps(after, indent=2) + "\n")
     key = "eval/turn_1/reward_mean"
