@@ -441,10 +441,11 @@ def test_example_runs_on_tiny_models(tmp_path) -> None:
 
     script = Path(__file__).resolve().parents[2] / "examples" / "actor_critic.py"
     command = [sys.executable, str(script), "--tiny", "--epochs", "1", "--items", "2",
-               "--eval-repeats", "1", "--max-new-tokens", "4", "--output-dir", str(tmp_path)]
+               "--eval-repeats", "1", "--max-new-tokens", "4", "--output-dir", str(tmp_path),
+               "--algo", "all"]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for algo in ("IAC", "MAAC"):
+    for algo in ("IAC", "MAAC", "MAGRPO"):
         assert f"{algo} eval/turn_1/reward_mean: before" in proc.stdout
         assert f"{algo} trained 1 epoch(s) on 2 items in" in proc.stdout
     assert (tmp_path / "maac" / "metrics.jsonl").is_file()
