@@ -63,43 +63,67 @@ class _ActorCriticTrainer(TeamTrainer):
     centralized = False
     """True: one critic for the team over the joint transcript (MAAC)."""
 
-    def __init__(self, agent_model: Any = None, agents: Sequence[Any] | None = None,
-                 num_agents: int | None = None, tokenizer: Any = None,
-                 model_config: Mapping[str, Any] | None = None,
-                 train_dataset: Dataset | IterableDataset | None = None,
-                 eval_dataset: Dataset | IterableDataset | None = None,
-                 reward_func: Callable[..., Any] | None = None,
-                 reward_processor: Callable[[float], float] | None = None,
-                 formatters: Any = None, external_transition: Callable[..., Any] | None = None,
-                 wandb_config: Mapping[str, Any] | None = None,
-                 args: ActorCriticConfig | None = None, env: CoMLRLEnv | None = None, *,
-                 critic_model: Any = None, critics: Sequence[Any] | None = None,
-                 metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None
-                 = None) -> None:
+    def __init__(
+        self,
+        agent_model: Any = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: Mapping[str, Any] | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | IterableDataset | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Any = None,
+        external_transition: Callable[..., Any] | None = None,
+        wandb_config: Mapping[str, Any] | None = None,
+        args: ActorCriticConfig | None = None,
+        env: CoMLRLEnv | None = None,
+        *,
+        critic_model: Any = None,
+        critics: Sequence[Any] | None = None,
+        metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
+    ) -> None:
         args = self.config_class() if args is None else args
         if not isinstance(args, self.config_class):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got "
-                            f"{type(args).__name__}.")
+            raise TypeError(
+                f"args must be a {self.config_class.__name__}, got {type(args).__name__}."
+            )
         if metrics_callback is not None and not callable(metrics_callback):
-            raise TypeError(f"metrics_callback must be callable(rollouts) -> dict[str, float], "
-                            f"got {metrics_callback!r}.")
-        super().__init__(args=args, agent_model=agent_model, agents=agents, num_agents=num_agents,
-                         tokenizer=tokenizer, model_config=model_config,
-                         train_dataset=train_dataset, eval_dataset=eval_dataset,
-                         reward_func=reward_func, reward_processor=reward_processor,
-                         formatters=formatters, external_transition=external_transition,
-                         env=env, wandb_config=wandb_config)
+            raise TypeError(
+                f"metrics_callback must be callable(rollouts) -> dict[str, float], "
+                f"got {metrics_callback!r}."
+            )
+        super().__init__(
+            args=args,
+            agent_model=agent_model,
+            agents=agents,
+            num_agents=num_agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_func=reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            env=env,
+            wandb_config=wandb_config,
+        )
         self.metrics_callback = metrics_callback
         self.critics: list[ValueModel]
         self.critic_encoders: list[LLMAgent]  # tokenizer (and chat template) of each critic
         self.critics, self.critic_encoders = self._build_critics(
-            critic_model, critics, tokenizer, model_config)
+            critic_model, critics, tokenizer, model_config
+        )
         # A head on the actor is trained by the actor's optimizer (its own lr group): both
         # losses move the shared trunk, so one step must see both gradients.
         self.optimizers = [self._actor_optimizer(a) for a in range(self.num_agents)]
-        self.critic_optimizers = [make_adamw([{"params": c.own_parameters()}], args.critic_lr,
-                                         f"critics[{i}]")
-                                  for i, c in enumerate(self.critics) if not c.shared]
+        self.critic_optimizers = [
+            make_adamw([{"params": c.own_parameters()}], args.critic_lr, f"critics[{i}]")
+            for i, c in enumerate(self.critics)
+            if not c.shared
+        ]
 
     def _actor_optimizer(self, a: int) -> torch.optim.Optimizer:
         params = [p for p in self.agents[a].model.parameters() if p.requires_grad]
@@ -110,27 +134,37 @@ class _ActorCriticTrainer(TeamTrainer):
         return make_adamw(groups, self.args.agent_learning_rate, f"agents[{a}]")
 
     # -- critics: which one serves which agent and reads what ----------------------------------
-    def _build_critics(self, critic_model: Any, critics: Sequence[Any] | None, tokenizer: Any,
-                       model_config: Mapping[str, Any] | None
-                       ) -> tuple[list[ValueModel], list[LLMAgent]]:
+    def _build_critics(
+        self,
+        critic_model: Any,
+        critics: Sequence[Any] | None,
+        tokenizer: Any,
+        model_config: Mapping[str, Any] | None,
+    ) -> tuple[list[ValueModel], list[LLMAgent]]:
         given = critic_model is not None or critics is not None
         if self.centralized or self.args.use_separate_critic:
             if not given:
                 raise ValueError(
                     "MAACTrainer needs its centralised critic: pass critic_model='<name or "
-                    "folder>' or critics=[model]." if self.centralized else
-                    "use_separate_critic=True needs critic_model='<name or folder>' or "
+                    "folder>' or critics=[model]."
+                    if self.centralized
+                    else "use_separate_critic=True needs critic_model='<name or folder>' or "
                     "critics=[one model per agent]; or set IACConfig(use_separate_critic=False) "
-                    "for a value head on each actor.")
+                    "for a value head on each actor."
+                )
             count = 1 if self.centralized else self.num_agents
             return self._load_critics(critic_model, critics, count, tokenizer, model_config)
         if given:
-            raise ValueError("use_separate_critic=False puts the value head on each actor, so "
-                             "critic_model/critics would be unused; drop them or set "
-                             "use_separate_critic=True.")
+            raise ValueError(
+                "use_separate_critic=False puts the value head on each actor, so "
+                "critic_model/critics would be unused; drop them or set "
+                "use_separate_critic=True."
+            )
         hidden = self.args.value_head_hidden_dim
-        return ([ValueModel(agent.model, shared=True, head_hidden_dim=hidden)
-                 for agent in self.agents], list(self.agents))
+        return (
+            [ValueModel(agent.model, shared=True, head_hidden_dim=hidden) for agent in self.agents],
+            list(self.agents),
+        )
 
     def _critic_index(self, agent: int) -> int:
         return 0 if self.centralized else agent
@@ -149,21 +183,35 @@ class _ActorCriticTrainer(TeamTrainer):
             return f"{self._critic_prefix(c)}/{key}"
         return f"agent_{c}/critic_{key}"
 
-    def _load_critics(self, critic_model: Any, critics: Sequence[Any] | None, count: int,
-                      tokenizer: Any, model_config: Mapping[str, Any] | None
-                      ) -> tuple[list[ValueModel], list[LLMAgent]]:
+    def _load_critics(
+        self,
+        critic_model: Any,
+        critics: Sequence[Any] | None,
+        count: int,
+        tokenizer: Any,
+        model_config: Mapping[str, Any] | None,
+    ) -> tuple[list[ValueModel], list[LLMAgent]]:
         if critic_model is not None and not isinstance(critic_model, str):
             critics, critic_model = [critic_model] * count, None
             if count > 1:
-                raise ValueError(f"critic_model is one model object but {count} critics are "
-                                 "needed; pass critics=[one model per agent] or a model name.")
+                raise ValueError(
+                    f"critic_model is one model object but {count} critics are "
+                    "needed; pass critics=[one model per agent] or a model name."
+                )
         if critics is not None and len(critics) != count:
-            raise ValueError(f"critics has {len(critics)} model(s); {type(self).__name__} needs "
-                             f"{count} (one per {'agent' if count > 1 else 'team'}).")
+            raise ValueError(
+                f"critics has {len(critics)} model(s); {type(self).__name__} needs "
+                f"{count} (one per {'agent' if count > 1 else 'team'})."
+            )
         if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != count:
             tokenizer = tokenizer[0]  # the team's tokenizers differ only per agent
-        encoders = build_agents(agent_model=critic_model, agents=critics, tokenizer=tokenizer,
-                                num_agents=count, model_config=model_config)
+        encoders = build_agents(
+            agent_model=critic_model,
+            agents=critics,
+            tokenizer=tokenizer,
+            num_agents=count,
+            model_config=model_config,
+        )
         hidden = self.args.value_head_hidden_dim
         return [ValueModel(e.model, head_hidden_dim=hidden) for e in encoders], encoders
 
@@ -189,13 +237,15 @@ class _ActorCriticTrainer(TeamTrainer):
         assert self.metrics_callback is not None
         out = self.metrics_callback(samples)
         if not isinstance(out, Mapping):
-            raise TypeError(f"metrics_callback must return a dict of str -> number, got "
-                            f"{type(out).__name__}.")
+            raise TypeError(
+                f"metrics_callback must return a dict of str -> number, got {type(out).__name__}."
+            )
         try:
             return {str(k): float(v) for k, v in out.items()}
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"metrics_callback returned a non-numeric value in {dict(out)!r:.200}"
-                            ) from exc
+            raise TypeError(
+                f"metrics_callback returned a non-numeric value in {dict(out)!r:.200}"
+            ) from exc
 
     # -- rollouts ---------------------------------------------------------------------------------
     def _items_per_batch(self) -> int:
@@ -211,20 +261,29 @@ class _ActorCriticTrainer(TeamTrainer):
             inputs.append(dict(zip(keys, encoder.encode_prompts(texts), strict=True)))
         return inputs
 
-    def _rollouts(self, tree: RolloutTree, *, normalize: bool,
-                  inputs: list[dict[StateKey, list[int]]] | None = None
-                  ) -> list[list[RolloutSample]]:
+    def _rollouts(
+        self,
+        tree: RolloutTree,
+        *,
+        normalize: bool,
+        inputs: list[dict[StateKey, list[int]]] | None = None,
+    ) -> list[list[RolloutSample]]:
         """Per agent: its samples with values, GAE advantages and returns."""
         inputs = self._critic_inputs(tree) if inputs is None else inputs
         args, per_critic = self.args, []
         for c, critic in enumerate(self.critics):
-            flat = critic.values(list(inputs[c].values()), self.critic_encoders[c].pad_token_id,
-                                 batch_size=args.forward_batch_size).cpu()
+            flat = critic.values(
+                list(inputs[c].values()),
+                self.critic_encoders[c].pad_token_id,
+                batch_size=args.forward_batch_size,
+            ).cpu()
             sizes = [len(level.states) for level in tree.levels]
             values = list(flat.split(sizes))
             per_critic.append((values, *chain_gae(tree, values, args.discount, args.gae_lambda)))
-        samples = [agent_rollouts(tree, a, *per_critic[self._critic_index(a)])
-                   for a in range(self.num_agents)]
+        samples = [
+            agent_rollouts(tree, a, *per_critic[self._critic_index(a)])
+            for a in range(self.num_agents)
+        ]
         if normalize:
             samples = [normalized(agent_samples) for agent_samples in samples]
         return samples
@@ -232,21 +291,31 @@ class _ActorCriticTrainer(TeamTrainer):
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
         args = self.args
-        tree = collect_tree(self.task, self.agents, items, num_generations=args.num_generations,
-                            sampling=self.sampling)
+        tree = collect_tree(
+            self.task,
+            self.agents,
+            items,
+            num_generations=args.num_generations,
+            sampling=self.sampling,
+        )
         inputs = self._critic_inputs(tree)
         samples = self._rollouts(tree, normalize=args.advantage_normalization, inputs=inputs)
         metrics = turn_metrics(tree, tree.returns(args.discount))
         metrics.update(self._value_metrics(samples))
-        old = ([self._old_logprobs(a, samples[a]) for a in range(self.num_agents)]
-               if args.ppo_clip_range is not None else None)
+        old = (
+            [self._old_logprobs(a, samples[a]) for a in range(self.num_agents)]
+            if args.ppo_clip_range is not None
+            else None
+        )
         metrics.update(self._update(samples, inputs, old))
         if self.metrics_callback is not None:
             extra = self._run_callback([s for agent in samples for s in agent])
             clash = sorted(set(extra) & set(metrics))
             if clash:
-                raise ValueError(f"metrics_callback returned {clash}, which the trainer logs "
-                                 "itself; rename those keys.")
+                raise ValueError(
+                    f"metrics_callback returned {clash}, which the trainer logs "
+                    "itself; rename those keys."
+                )
             metrics.update(extra)
         return metrics, tree.env_steps
 
@@ -258,8 +327,12 @@ class _ActorCriticTrainer(TeamTrainer):
         return samples[self._critic_agent(c)]
 
     def _value_metrics(self, samples: list[list[RolloutSample]]) -> dict[str, float]:
-        return value_metrics({self._critic_prefix(c): self._critic_rows(c, samples)
-                              for c in range(len(self.critics))})
+        return value_metrics(
+            {
+                self._critic_prefix(c): self._critic_rows(c, samples)
+                for c in range(len(self.critics))
+            }
+        )
 
     def _old_logprobs(self, a: int, samples: list[RolloutSample]) -> list[torch.Tensor]:
         """Per sample, its completion tokens' log-probs before the update (PPO's old policy)."""
@@ -268,22 +341,25 @@ class _ActorCriticTrainer(TeamTrainer):
         agent.model.train()  # the mode the update scores in, so the first ratio is exactly 1
         with torch.no_grad():
             for start in range(0, len(samples), size):
-                chunk = samples[start:start + size]
+                chunk = samples[start : start + size]
                 batch = _batch(agent, chunk)
                 lp = sequence_logprobs(agent.model, batch).cpu()
                 mask = batch.completion_mask.bool().cpu()
                 out.extend(row[m] for row, m in zip(lp, mask, strict=True))
         return out
 
-    def _update(self, samples: list[list[RolloutSample]],
-                inputs: list[dict[StateKey, list[int]]], old: list[list[torch.Tensor]] | None
-                ) -> dict[str, float]:
+    def _update(
+        self,
+        samples: list[list[RolloutSample]],
+        inputs: list[dict[StateKey, list[int]]],
+        old: list[list[torch.Tensor]] | None,
+    ) -> dict[str, float]:
         stats: dict[str, list[float]] = defaultdict(list)
         slots = sorted({s.item_slot for s in samples[0]})
         per_step = self.args.items_per_step
         for _ in range(self.args.ppo_epochs):
             for i in range(0, len(slots), per_step):
-                chosen = set(slots[i:i + per_step])
+                chosen = set(slots[i : i + per_step])
                 for a in range(self.num_agents):
                     idx = [k for k, s in enumerate(samples[a]) if s.item_slot in chosen]
                     for key, value in self._actor_step(a, samples[a], idx, old).items():
@@ -296,8 +372,13 @@ class _ActorCriticTrainer(TeamTrainer):
                         stats[self._critic_metric(c, key)].append(value)
         return {key: float(np.mean(values)) for key, values in stats.items()}
 
-    def _actor_step(self, a: int, samples: list[RolloutSample], idx: list[int],
-                    old: list[list[torch.Tensor]] | None) -> dict[str, float]:
+    def _actor_step(
+        self,
+        a: int,
+        samples: list[RolloutSample],
+        idx: list[int],
+        old: list[list[torch.Tensor]] | None,
+    ) -> dict[str, float]:
         """One optimizer step of actor ``a`` (and of its value head when shared)."""
         agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
         critic = self.critics[self._critic_index(a)]
@@ -306,10 +387,14 @@ class _ActorCriticTrainer(TeamTrainer):
         size = args.forward_batch_size or len(idx)
         sums: dict[str, float] = defaultdict(float)
         for start in range(0, len(idx), size):
-            chunk = idx[start:start + size]
+            chunk = idx[start : start + size]
             weight = len(chunk) / len(idx)
-            losses = self._chunk_losses(agent, critic, [samples[k] for k in chunk],
-                                        None if old is None else [old[a][k] for k in chunk])
+            losses = self._chunk_losses(
+                agent,
+                critic,
+                [samples[k] for k in chunk],
+                None if old is None else [old[a][k] for k in chunk],
+            )
             total = losses["policy_loss"]
             if "value_loss" in losses:
                 total = total + args.value_loss_coef * losses["value_loss"]
@@ -319,8 +404,13 @@ class _ActorCriticTrainer(TeamTrainer):
         sums["grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
         return dict(sums)
 
-    def _chunk_losses(self, agent: LLMAgent, critic: ValueModel, chunk: list[RolloutSample],
-                      old: list[torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    def _chunk_losses(
+        self,
+        agent: LLMAgent,
+        critic: ValueModel,
+        chunk: list[RolloutSample],
+        old: list[torch.Tensor] | None,
+    ) -> dict[str, torch.Tensor]:
         args = self.args
         batch = _batch(agent, chunk)
         device = agent.device
@@ -337,10 +427,18 @@ class _ActorCriticTrainer(TeamTrainer):
         if old is not None:
             old_lp = torch.zeros_like(logprobs)
             old_lp[mask.bool()] = torch.cat(old).to(device)
-        adv = torch.tensor([s.normalized_advantage if s.normalized_advantage is not None
-                            else s.advantage for s in chunk], device=device)
-        out = {"policy_loss": policy_gradient_loss(logprobs, mask, adv, "sequence_sum", old_lp,
-                                                   args.ppo_clip_range)}
+        adv = torch.tensor(
+            [
+                s.normalized_advantage if s.normalized_advantage is not None else s.advantage
+                for s in chunk
+            ],
+            device=device,
+        )
+        out = {
+            "policy_loss": policy_gradient_loss(
+                logprobs, mask, adv, "sequence_sum", old_lp, args.ppo_clip_range
+            )
+        }
         if values is not None:
             out["value_loss"] = self._value_loss(values, chunk)
         return out
@@ -348,26 +446,30 @@ class _ActorCriticTrainer(TeamTrainer):
     def _value_loss(self, values: torch.Tensor, rows: list[RolloutSample]) -> torch.Tensor:
         targets = torch.tensor([s.returns for s in rows], device=values.device)
         clip = self.args.value_clip_range
-        old = (None if clip is None
-               else torch.tensor([s.value for s in rows], device=values.device))
+        old = None if clip is None else torch.tensor([s.value for s in rows], device=values.device)
         return value_loss(values, targets, old, clip)
 
-    def _critic_step(self, c: int, rows: list[RolloutSample], inputs: dict[StateKey, list[int]]
-                     ) -> dict[str, float]:
+    def _critic_step(
+        self, c: int, rows: list[RolloutSample], inputs: dict[StateKey, list[int]]
+    ) -> dict[str, float]:
         """One optimizer step of a separate critic over ``rows``; each state is read once."""
         # Critics are all separate or all heads on actors, so the indices line up.
-        critic, encoder, optimizer = self.critics[c], self.critic_encoders[c], \
-            self.critic_optimizers[c]
+        critic, encoder, optimizer = (
+            self.critics[c],
+            self.critic_encoders[c],
+            self.critic_optimizers[c],
+        )
         critic.train()
         optimizer.zero_grad(set_to_none=True)
         keys = list(dict.fromkeys(s.state_key for s in rows))
         size = self.args.forward_batch_size or len(keys)
         loss_sum = 0.0
         for start in range(0, len(keys), size):
-            local = {k: i for i, k in enumerate(keys[start:start + size])}
+            local = {k: i for i, k in enumerate(keys[start : start + size])}
             chunk = [s for s in rows if s.state_key in local]
-            state_values = critic.values([inputs[k] for k in local], encoder.pad_token_id,
-                                         grad=True)
+            state_values = critic.values(
+                [inputs[k] for k in local], encoder.pad_token_id, grad=True
+            )
             index = torch.tensor([local[s.state_key] for s in chunk], device=state_values.device)
             loss = self._value_loss(state_values[index], chunk) * (len(chunk) / len(rows))
             (self.args.value_loss_coef * loss).backward()
@@ -387,8 +489,7 @@ class _ActorCriticTrainer(TeamTrainer):
     def save_model(self, output_dir: str | Path) -> None:
         """``agent_i/`` per actor (see TeamTrainer) and the critics under ``critic/``."""
         super().save_model(output_dir)
-        for c, (critic, encoder) in enumerate(zip(self.critics, self.critic_encoders,
-                                                   strict=True)):
+        for c, (critic, encoder) in enumerate(zip(self.critics, self.critic_encoders, strict=True)):
             folder = Path(output_dir) / "critic"
             if len(self.critics) > 1:
                 folder = folder / f"agent_{c}"
@@ -420,5 +521,6 @@ class MAACTrainer(_ActorCriticTrainer):
 
 
 def _batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> TokenBatch:
-    return build_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
-                       agent.pad_token_id).to(agent.device)
+    return build_batch(
+        [s.prompt_ids for s in samples], [s.completion_ids for s in samples], agent.pad_token_id
+    ).to(agent.device)

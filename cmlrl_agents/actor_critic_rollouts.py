@@ -24,8 +24,14 @@ from cmlrl_agents.advantages import normalize_batch
 from cmlrl_agents.returns import gae
 from cmlrl_agents.rollout import RolloutTree
 
-__all__ = ["RolloutSample", "StateKey", "agent_rollouts", "chain_gae", "normalized",
-           "value_metrics"]
+__all__ = [
+    "RolloutSample",
+    "StateKey",
+    "agent_rollouts",
+    "chain_gae",
+    "normalized",
+    "value_metrics",
+]
 
 StateKey = tuple[int, int]  # (level index, branch): one state of the rollout tree
 
@@ -56,14 +62,22 @@ class RolloutSample:
         """``turn`` (1-based), ``generation``, ``item``, ``item_index``, ``reward`` (processed),
         ``return`` (GAE target), ``value`` (V(s) at rollout), ``advantage`` (GAE) and
         ``normalized_advantage`` (what the loss used; None in evaluation)."""
-        return {"turn": self.turn, "generation": self.generation, "item": self.item,
-                "item_index": self.item_index, "reward": self.reward, "return": self.returns,
-                "value": self.value, "advantage": self.advantage,
-                "normalized_advantage": self.normalized_advantage}
+        return {
+            "turn": self.turn,
+            "generation": self.generation,
+            "item": self.item,
+            "item_index": self.item_index,
+            "reward": self.reward,
+            "return": self.returns,
+            "value": self.value,
+            "advantage": self.advantage,
+            "normalized_advantage": self.normalized_advantage,
+        }
 
 
-def chain_gae(tree: RolloutTree, state_values: list[torch.Tensor], discount: float, lam: float
-              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def chain_gae(
+    tree: RolloutTree, state_values: list[torch.Tensor], discount: float, lam: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """GAE advantages and returns of every joint action, per level ``[branches, J]``.
 
     ``state_values[t]`` is ``[branches]``: V of each state of level ``t``. Level 0's joint actions
@@ -84,25 +98,45 @@ def chain_gae(tree: RolloutTree, state_values: list[torch.Tensor], discount: flo
         values[flat, t] = state_values[t].float().repeat_interleave(len(level.joints))
         mask[flat, t] = True
     adv, ret = gae(rewards, values, mask, discount, lam)
-    return ([adv[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
-            [ret[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)])
+    return (
+        [adv[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
+        [ret[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
+    )
 
 
-def agent_rollouts(tree: RolloutTree, agent: int, state_values: list[torch.Tensor],
-                   advantages: list[torch.Tensor], returns: list[torch.Tensor]
-                   ) -> list[RolloutSample]:
+def agent_rollouts(
+    tree: RolloutTree,
+    agent: int,
+    state_values: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    returns: list[torch.Tensor],
+) -> list[RolloutSample]:
     """Every completion ``agent`` gave in ``tree``, in level, branch, joint-action order."""
     samples = []
     for t, level in enumerate(tree.levels):
         for b, state in enumerate(level.states):
             for j, joint in enumerate(level.joints):
                 completion = level.completions[agent][b][joint[agent]]
-                samples.append(RolloutSample(
-                    agent, state.prompts[agent], completion.text, level.turn, joint[agent],
-                    state.item, state.item_index, float(level.rewards[b, j]),
-                    float(returns[t][b, j]), float(state_values[t][b]),
-                    float(advantages[t][b, j]), None, completion.prompt_ids,
-                    completion.completion_ids, level.item_slot[b], (t, b)))
+                samples.append(
+                    RolloutSample(
+                        agent,
+                        state.prompts[agent],
+                        completion.text,
+                        level.turn,
+                        joint[agent],
+                        state.item,
+                        state.item_index,
+                        float(level.rewards[b, j]),
+                        float(returns[t][b, j]),
+                        float(state_values[t][b]),
+                        float(advantages[t][b, j]),
+                        None,
+                        completion.prompt_ids,
+                        completion.completion_ids,
+                        level.item_slot[b],
+                        (t, b),
+                    )
+                )
     return samples
 
 

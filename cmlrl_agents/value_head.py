@@ -41,8 +41,9 @@ class ValueHead(nn.Module):
     def __init__(self, hidden_size: int, hidden_dim: int | None = None) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("hidden_dim", hidden_dim)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
         self.hidden_size = hidden_size
         self.hidden_dim = hidden_dim
@@ -53,8 +54,9 @@ class ValueHead(nn.Module):
             if hidden_dim is None:
                 self.net: nn.Module = nn.Linear(hidden_size, 1)
             else:
-                self.net = nn.Sequential(nn.Linear(hidden_size, hidden_dim), nn.Tanh(),
-                                         nn.Linear(hidden_dim, 1))
+                self.net = nn.Sequential(
+                    nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)
+                )
         last = self.net if hidden_dim is None else self.net[-1]
         nn.init.zeros_(last.bias)  # a state-independent offset has nothing to learn from at init
 
@@ -143,8 +145,15 @@ class ValueModel(nn.Module):
         hidden_size: needed only when the model's config does not say.
     """
 
-    def __init__(self, model: nn.Module, *, shared: bool = False, head: ValueHead | None = None,
-                 head_hidden_dim: int | None = None, hidden_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        shared: bool = False,
+        head: ValueHead | None = None,
+        head_hidden_dim: int | None = None,
+        hidden_size: int | None = None,
+    ) -> None:
         super().__init__()
         # A shared actor is not registered as a submodule: the critic's parameters, state_dict
         # and optimizer must hold the head only (the actor's optimizer owns the trunk).
@@ -173,8 +182,11 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        module, kwargs = (self.trunk, {}) if self.trunk is not None else (
-            self.model, {"output_hidden_states": True})
+        module, kwargs = (
+            (self.trunk, {})
+            if self.trunk is not None
+            else (self.model, {"output_hidden_states": True})
+        )
         if _accepts(module, "use_cache"):
             kwargs["use_cache"] = False
         if self.trunk is None and _accepts(module, "logits_to_keep"):
@@ -184,18 +196,25 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, positions: Tensor) -> Tensor:
         """``[B]`` values read at ``positions[b]`` of each row."""
         hidden = self.hidden_states(input_ids, attention_mask)
-        return self.head(hidden[torch.arange(hidden.shape[0], device=hidden.device),
-                                positions.to(hidden.device)])
+        return self.head(
+            hidden[torch.arange(hidden.shape[0], device=hidden.device), positions.to(hidden.device)]
+        )
 
-    def values(self, rows: Sequence[Sequence[int]], pad_id: int, *, grad: bool = False,
-               batch_size: int | None = None) -> Tensor:
+    def values(
+        self,
+        rows: Sequence[Sequence[int]],
+        pad_id: int,
+        *,
+        grad: bool = False,
+        batch_size: int | None = None,
+    ) -> Tensor:
         """``[B]`` float32 values of token rows (each a whole state), ``batch_size`` rows per
         forward (None: one forward). Under ``no_grad`` unless ``grad``."""
         size = batch_size or len(rows)
         pieces = []
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
             for start in range(0, len(rows), size):
-                ids, mask, pos = right_pad(rows[start:start + size], pad_id)
+                ids, mask, pos = right_pad(rows[start : start + size], pad_id)
                 pieces.append(self(ids.to(self.device), mask.to(self.device), pos))
         return torch.cat(pieces).float()
 

@@ -18,8 +18,23 @@ from cmlrl_env.spaces import TextSpace
 from cmlrl_env.transitions import Transition
 
 __all__ = [
-    "CoMLRLEnv", "ConformanceError", "DEFAULT_EARLY_TERMINATION_THRESHOLD", "EpisodeState",
-    "Formatters", "Outcome", "RewardFunction", "RewardProcessors", "Task", "TaskCheckError",
-    "TaskReport", "TaskSource", "TextSpace", "Transition", "check_env",
-    "check_multi_turn_determinism", "check_task", "check_text_contract", "default_formatter",
+    "CoMLRLEnv",
+    "ConformanceError",
+    "DEFAULT_EARLY_TERMINATION_THRESHOLD",
+    "EpisodeState",
+    "Formatters",
+    "Outcome",
+    "RewardFunction",
+    "RewardProcessors",
+    "Task",
+    "TaskCheckError",
+    "TaskReport",
+    "TaskSource",
+    "TextSpace",
+    "Transition",
+    "check_env",
+    "check_multi_turn_determinism",
+    "check_task",
+    "check_text_contract",
+    "default_formatter",
 ]

@@ -35,8 +35,13 @@ from cmlrl_env._errors import describe_exception
 from cmlrl_env.task_check import TaskCheckError, TaskReport, check_task
 
 __all__ = [
-    "ConformanceError", "TaskCheckError", "TaskReport", "check_env", "check_task",
-    "check_multi_turn_determinism", "check_text_contract",
+    "ConformanceError",
+    "TaskCheckError",
+    "TaskReport",
+    "check_env",
+    "check_task",
+    "check_multi_turn_determinism",
+    "check_text_contract",
 ]
 
 EnvFactory = Callable[..., ParallelEnv]
@@ -52,9 +57,11 @@ _TEXT_SPACE_WARNINGS = (
 # Envs without a ``task`` (not a CoMLRLEnv) get this turn budget before the check gives up.
 _MAX_TURNS_WITHOUT_TASK = 1000
 
-_PURE_HINT = ("reward_func, the formatters and external_transition must depend only on their "
-              "arguments (no global random state, counters or clocks); env_fn must build a fresh "
-              "env, dataset order included, on every call")
+_PURE_HINT = (
+    "reward_func, the formatters and external_transition must depend only on their "
+    "arguments (no global random state, counters or clocks); env_fn must build a fresh "
+    "env, dataset order included, on every call"
+)
 
 
 class ConformanceError(AssertionError):
@@ -65,8 +72,9 @@ class ConformanceError(AssertionError):
         self.check = check
 
 
-def check_env(env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3,
-              seed: int = 0) -> tuple[str, ...]:
+def check_env(
+    env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3, seed: int = 0
+) -> tuple[str, ...]:
     """Run PettingZoo's test suite and our own checks on fresh envs from ``env_fn``.
 
     ``env_fn(**kwargs)`` must return a fresh ``CoMLRLEnv`` on every call. It is called with no
@@ -91,19 +99,37 @@ def check_env(env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3
     _require_count("num_episodes", num_episodes)
     checks: list[tuple[str, Callable[[], Any], str]] = [
         ("parallel_api_test", lambda: _silently(parallel_api_test, env_fn(), num_cycles), ""),
-        ("parallel_seed_test", lambda: _silently(parallel_seed_test, env_fn, num_cycles),
-         _PURE_HINT),
-        ("render_test", lambda: _render_test(env_fn),
-         "env_fn is called as env_fn(render_mode=mode); forward keyword arguments to CoMLRLEnv"),
-        ("api_test(dict_observations=True)", lambda: _api_test(env_fn, num_cycles),
-         "env_fn is called as env_fn(dict_observations=True); forward keyword arguments to "
-         "CoMLRLEnv"),
-        ("state_test",
-         lambda: _silently(state_test, parallel_to_aec(env_fn()), env_fn(), num_cycles), ""),
-        ("multi_turn_determinism",
-         lambda: check_multi_turn_determinism(env_fn, num_episodes=num_episodes, seed=seed), ""),
-        ("text_contract", lambda: check_text_contract(env_fn, num_episodes=num_episodes,
-                                                      seed=seed), ""),
+        (
+            "parallel_seed_test",
+            lambda: _silently(parallel_seed_test, env_fn, num_cycles),
+            _PURE_HINT,
+        ),
+        (
+            "render_test",
+            lambda: _render_test(env_fn),
+            "env_fn is called as env_fn(render_mode=mode); forward keyword arguments to CoMLRLEnv",
+        ),
+        (
+            "api_test(dict_observations=True)",
+            lambda: _api_test(env_fn, num_cycles),
+            "env_fn is called as env_fn(dict_observations=True); forward keyword arguments to "
+            "CoMLRLEnv",
+        ),
+        (
+            "state_test",
+            lambda: _silently(state_test, parallel_to_aec(env_fn()), env_fn(), num_cycles),
+            "",
+        ),
+        (
+            "multi_turn_determinism",
+            lambda: check_multi_turn_determinism(env_fn, num_episodes=num_episodes, seed=seed),
+            "",
+        ),
+        (
+            "text_contract",
+            lambda: check_text_contract(env_fn, num_episodes=num_episodes, seed=seed),
+            "",
+        ),
     ]
     passed = []
     for name, run, hint in checks:
@@ -119,8 +145,9 @@ def check_env(env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3
     return tuple(passed)
 
 
-def check_multi_turn_determinism(env_fn: EnvFactory, *, num_episodes: int = 3,
-                                 seed: int = 0) -> None:
+def check_multi_turn_determinism(
+    env_fn: EnvFactory, *, num_episodes: int = 3, seed: int = 0
+) -> None:
     """Two fresh envs, the same seed and the same actions: every turn of every episode matches.
 
     PettingZoo 1.27's ``parallel_seed_test`` compares only the first step, so a task whose
@@ -134,17 +161,24 @@ def check_multi_turn_determinism(env_fn: EnvFactory, *, num_episodes: int = 3,
     for episode in range(num_episodes):
         episode_seed = seed if episode == 0 else None
         where = f"episode {episode}, reset"
-        _same(where, "observations and infos",
-              env1.reset(seed=episode_seed), env2.reset(seed=episode_seed))
+        _same(
+            where,
+            "observations and infos",
+            env1.reset(seed=episode_seed),
+            env2.reset(seed=episode_seed),
+        )
         turn = 0
         while env1.agents or env2.agents:
             turn += 1
             where = f"episode {episode}, turn {turn}"
             _same(where, "live agents", env1.agents, env2.agents)
             actions = sample(env1.agents)
-            for field, a, b in zip(("observations", "rewards", "terminations", "truncations",
-                                    "infos"), env1.step(actions), env2.step(dict(actions)),
-                                   strict=True):
+            for field, a, b in zip(
+                ("observations", "rewards", "terminations", "truncations", "infos"),
+                env1.step(actions),
+                env2.step(dict(actions)),
+                strict=True,
+            ):
                 _same(where, field, a, b)
             _same(where, "state()", env1.state(), env2.state())
     env1.close()
@@ -172,12 +206,17 @@ def check_text_contract(env_fn: EnvFactory, *, num_episodes: int = 3, seed: int 
             _check_rewards(rewards, live, where)
             ended = {a for a in live if terms[a] or truncs[a]}
             if ended and ended != set(live):
-                raise ConformanceError("text_contract", f"{where}: agents {sorted(ended)} ended "
-                                       f"but {sorted(set(live) - ended)} did not; the team ends "
-                                       "an episode together.")
+                raise ConformanceError(
+                    "text_contract",
+                    f"{where}: agents {sorted(ended)} ended "
+                    f"but {sorted(set(live) - ended)} did not; the team ends "
+                    "an episode together.",
+                )
             if max_turns is not None and (turn == max_turns) != all(truncs[a] for a in live):
-                raise ConformanceError("text_contract", f"{where}: truncations {truncs} but the "
-                                       f"turn budget is num_turns={max_turns}.")
+                raise ConformanceError(
+                    "text_contract",
+                    f"{where}: truncations {truncs} but the turn budget is num_turns={max_turns}.",
+                )
     env.close()
 
 
@@ -213,8 +252,9 @@ def _render_test(env_fn: EnvFactory) -> None:
     from pettingzoo.utils import parallel_to_aec
 
     # "human" mode prints every transcript; _silently keeps the caller's output readable.
-    _silently(render_test,
-              lambda render_mode=None: parallel_to_aec(env_fn(render_mode=render_mode)))
+    _silently(
+        render_test, lambda render_mode=None: parallel_to_aec(env_fn(render_mode=render_mode))
+    )
 
 
 @contextlib.contextmanager
@@ -260,9 +300,14 @@ def _check_rewards(rewards: dict[str, Any], live: list[str], where: str) -> None
     values = [rewards.get(a) for a in live]
     for agent, value in zip(live, values, strict=True):
         if not isinstance(value, float) or not math.isfinite(value):
-            raise ConformanceError("text_contract", f"{where}: the reward of {agent} is "
-                                   f"{value!r}; rewards must be finite floats.")
+            raise ConformanceError(
+                "text_contract",
+                f"{where}: the reward of {agent} is {value!r}; rewards must be finite floats.",
+            )
     if len(set(values)) > 1:
-        raise ConformanceError("text_contract", f"{where}: rewards {rewards} differ between "
-                               "agents, but the task is cooperative (one reward per joint "
-                               "response).")
+        raise ConformanceError(
+            "text_contract",
+            f"{where}: rewards {rewards} differ between "
+            "agents, but the task is cooperative (one reward per joint "
+            "response).",
+        )

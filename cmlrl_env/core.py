@@ -94,31 +94,42 @@ class Task:
                 "**history) or use num_turns=1."
             )
         if reward_processor is not None and not callable(reward_processor):
-            raise TypeError(f"reward_processor must be callable float -> float, got "
-                            f"{reward_processor!r}.")
+            raise TypeError(
+                f"reward_processor must be callable float -> float, got {reward_processor!r}."
+            )
         _check_threshold(early_termination_threshold)
         self.num_turns = num_turns
         self.formatters = Formatters(formatters, self.num_agents)
         self.reward = RewardFunction(reward_func, self.num_agents)
-        self.transition = (Transition(external_transition, self.num_agents)
-                           if external_transition is not None else None)
+        self.transition = (
+            Transition(external_transition, self.num_agents)
+            if external_transition is not None
+            else None
+        )
         self.reward_processor = reward_processor
         self.early_termination_threshold = early_termination_threshold
         self._warned_collapse = False
 
-    def initial_state(self, item: Mapping[str, Any], item_index: int | None = None
-                      ) -> EpisodeState:
+    def initial_state(self, item: Mapping[str, Any], item_index: int | None = None) -> EpisodeState:
         if not isinstance(item, Mapping):
-            raise TypeError(f"a task item must be a mapping (a dataset row), got "
-                            f"{type(item).__name__}.")
-        prompts = tuple(self.formatters.format(a, item, item_index=item_index)
-                        for a in range(self.num_agents))
-        return EpisodeState(item=item, item_index=item_index, turn=0, prompts=prompts,
-                            prompt_history=tuple((p,) for p in prompts),
-                            response_history=((),) * self.num_agents)
+            raise TypeError(
+                f"a task item must be a mapping (a dataset row), got {type(item).__name__}."
+            )
+        prompts = tuple(
+            self.formatters.format(a, item, item_index=item_index) for a in range(self.num_agents)
+        )
+        return EpisodeState(
+            item=item,
+            item_index=item_index,
+            turn=0,
+            prompts=prompts,
+            prompt_history=tuple((p,) for p in prompts),
+            response_history=((),) * self.num_agents,
+        )
 
-    def step_group(self, states: Sequence[EpisodeState],
-                   joint_actions: Sequence[Sequence[Sequence[str]]]) -> list[list[Outcome]]:
+    def step_group(
+        self, states: Sequence[EpisodeState], joint_actions: Sequence[Sequence[Sequence[str]]]
+    ) -> list[list[Outcome]]:
         """Play ``joint_actions[b][j]`` (one completion per agent) from ``states[b]``.
 
         All states are branches of one task item; one ``reward_func`` call scores every joint
@@ -127,10 +138,14 @@ class Task:
         self._check_group(states, joint_actions)
         flat = [tuple(a) for acts in joint_actions for a in acts]
         item, index = states[0].item, states[0].item_index
-        raw = self.reward([[a[agent] for a in flat] for agent in range(self.num_agents)],
-                          item, item_index=index)
-        rewards = (apply_processor(self.reward_processor, raw, repr(self.reward_processor))
-                   if self.reward_processor is not None else raw)
+        raw = self.reward(
+            [[a[agent] for a in flat] for agent in range(self.num_agents)], item, item_index=index
+        )
+        rewards = (
+            apply_processor(self.reward_processor, raw, repr(self.reward_processor))
+            if self.reward_processor is not None
+            else raw
+        )
         outcomes: list[list[Outcome]] = []
         k = 0
         for state, acts in zip(states, joint_actions, strict=True):
@@ -142,8 +157,9 @@ class Task:
         self._warn_if_collapsed(states, outcomes)
         return outcomes
 
-    def _outcome(self, state: EpisodeState, action: tuple[str, ...], reward: float,
-                 raw: float) -> Outcome:
+    def _outcome(
+        self, state: EpisodeState, action: tuple[str, ...], reward: float, raw: float
+    ) -> Outcome:
         turn = state.turn + 1
         truncated = turn >= self.num_turns
         threshold = self.early_termination_threshold
@@ -154,51 +170,74 @@ class Task:
     def _advance(self, state: EpisodeState, action: tuple[str, ...]) -> EpisodeState:
         assert self.transition is not None  # num_turns > 1 requires one (checked in __init__)
         responses = tuple(h + (a,) for h, a in zip(state.response_history, action, strict=True))
-        external = self.transition(state.item, action, prompt_history=state.prompt_history,
-                                   response_history=responses, item_index=state.item_index)
+        external = self.transition(
+            state.item,
+            action,
+            prompt_history=state.prompt_history,
+            response_history=responses,
+            item_index=state.item_index,
+        )
         prompts = tuple(
-            self.formatters.format(a, state.item, item_index=state.item_index,
-                                   external_prompt=external[a])
+            self.formatters.format(
+                a, state.item, item_index=state.item_index, external_prompt=external[a]
+            )
             for a in range(self.num_agents)
         )
         return EpisodeState(
-            item=state.item, item_index=state.item_index, turn=state.turn + 1, prompts=prompts,
-            prompt_history=tuple(h + (p,) for h, p in zip(state.prompt_history, prompts,
-                                                           strict=True)),
+            item=state.item,
+            item_index=state.item_index,
+            turn=state.turn + 1,
+            prompts=prompts,
+            prompt_history=tuple(
+                h + (p,) for h, p in zip(state.prompt_history, prompts, strict=True)
+            ),
             response_history=responses,
         )
 
-    def _check_group(self, states: Sequence[EpisodeState],
-                     joint_actions: Sequence[Sequence[Sequence[str]]]) -> None:
+    def _check_group(
+        self, states: Sequence[EpisodeState], joint_actions: Sequence[Sequence[Sequence[str]]]
+    ) -> None:
         if not states or len(states) != len(joint_actions):
-            raise ValueError(f"step_group needs one list of joint actions per state; got "
-                             f"{len(states)} state(s) and {len(joint_actions)} list(s).")
+            raise ValueError(
+                f"step_group needs one list of joint actions per state; got "
+                f"{len(states)} state(s) and {len(joint_actions)} list(s)."
+            )
         first = states[0]
         for b, (state, acts) in enumerate(zip(states, joint_actions, strict=True)):
             # Compare the items themselves: indices are None for items given via options.
             if state.item is not first.item and state.item != first.item:
-                raise ValueError(f"step_group scores branches of one task item per call, but "
-                                 f"states[{b}] holds item {state.item_index}, not "
-                                 f"{first.item_index}; call it once per item.")
+                raise ValueError(
+                    f"step_group scores branches of one task item per call, but "
+                    f"states[{b}] holds item {state.item_index}, not "
+                    f"{first.item_index}; call it once per item."
+                )
             if state.turn >= self.num_turns:
                 raise ValueError(f"states[{b}] already played all {self.num_turns} turn(s).")
             if not acts:
                 raise ValueError(f"joint_actions[{b}] is empty; give at least one joint action.")
             for j, action in enumerate(acts):
                 if isinstance(action, str) or len(action) != self.num_agents:
-                    raise ValueError(f"joint_actions[{b}][{j}] must hold one completion per agent "
-                                     f"({self.num_agents}), got {action!r:.80}.")
+                    raise ValueError(
+                        f"joint_actions[{b}][{j}] must hold one completion per agent "
+                        f"({self.num_agents}), got {action!r:.80}."
+                    )
                 for agent, text in enumerate(action):
                     if not isinstance(text, str):
-                        raise TypeError(f"the action of agent_{agent} must be a completion str, "
-                                        f"got {type(text).__name__} {text!r:.80}.")
+                        raise TypeError(
+                            f"the action of agent_{agent} must be a completion str, "
+                            f"got {type(text).__name__} {text!r:.80}."
+                        )
 
-    def _warn_if_collapsed(self, states: Sequence[EpisodeState],
-                           outcomes: list[list[Outcome]]) -> None:
-        if (self._warned_collapse or self.num_turns == 1
-                or self.early_termination_threshold != DEFAULT_EARLY_TERMINATION_THRESHOLD
-                or any(s.turn != 0 for s in states)
-                or not all(o.terminated for row in outcomes for o in row)):
+    def _warn_if_collapsed(
+        self, states: Sequence[EpisodeState], outcomes: list[list[Outcome]]
+    ) -> None:
+        if (
+            self._warned_collapse
+            or self.num_turns == 1
+            or self.early_termination_threshold != DEFAULT_EARLY_TERMINATION_THRESHOLD
+            or any(s.turn != 0 for s in states)
+            or not all(o.terminated for row in outcomes for o in row)
+        ):
             return
         self._warned_collapse = True
         warnings.warn(
@@ -207,7 +246,8 @@ class Task:
             "(a branch ends early when its reward is above the threshold). Pass "
             "early_termination_threshold=None to always play every turn, or a threshold your "
             "rewards reach only when the answer is good enough (e.g. 0.9).",
-            UserWarning, stacklevel=3,
+            UserWarning,
+            stacklevel=3,
         )
 
 
@@ -215,15 +255,21 @@ def _check_threshold(threshold: object) -> None:
     # Checked here: a str or NaN threshold would otherwise fail (or never fire) mid-rollout.
     if threshold is None:
         return
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or math.isnan(
-            threshold):
-        raise TypeError(f"early_termination_threshold must be a real number or None, got "
-                        f"{threshold!r}; e.g. 0.9 to end a branch once its reward exceeds 0.9.")
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, numbers.Real)
+        or math.isnan(threshold)
+    ):
+        raise TypeError(
+            f"early_termination_threshold must be a real number or None, got "
+            f"{threshold!r}; e.g. 0.9 to end a branch once its reward exceeds 0.9."
+        )
 
 
 def _resolve_num_agents(formatters: object, num_agents: int | None) -> int:
-    if num_agents is not None and (isinstance(num_agents, bool) or not isinstance(num_agents, int)
-                                   or num_agents < 1):
+    if num_agents is not None and (
+        isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1
+    ):
         raise ValueError(f"num_agents must be an int >= 1, got {num_agents!r}.")
     if isinstance(formatters, Sequence) and not isinstance(formatters, str):
         if num_agents is not None and num_agents != len(formatters):

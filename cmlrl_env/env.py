@@ -44,8 +44,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     pure core that trainers step in groups (``Task.step_group``).
     """
 
-    metadata = {"name": "comlrl_v0", "render_modes": ["ansi", "human"],
-                "is_parallelizable": True}
+    metadata = {"name": "comlrl_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
 
     def __init__(
         self,
@@ -64,29 +63,42 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         dict_observations: bool = False,
     ) -> None:
         if reward_func is None:
-            raise TypeError("CoMLRLEnv needs reward_func: CoMLRLEnv(dataset, formatters, "
-                            "reward_func).")
+            raise TypeError(
+                "CoMLRLEnv needs reward_func: CoMLRLEnv(dataset, formatters, reward_func)."
+            )
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode={render_mode!r} is not supported; choose one of "
-                             f"{self.metadata['render_modes']} or None.")
-        for name, value in (("max_prompt_chars", max_prompt_chars),
-                            ("max_completion_chars", max_completion_chars)):
+            raise ValueError(
+                f"render_mode={render_mode!r} is not supported; choose one of "
+                f"{self.metadata['render_modes']} or None."
+            )
+        for name, value in (
+            ("max_prompt_chars", max_prompt_chars),
+            ("max_completion_chars", max_completion_chars),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
         self.source = TaskSource(dataset)
-        self.task = Task(formatters, reward_func, num_agents=num_agents, num_turns=num_turns,
-                         external_transition=external_transition,
-                         reward_processor=reward_processor,
-                         early_termination_threshold=early_termination_threshold)
+        self.task = Task(
+            formatters,
+            reward_func,
+            num_agents=num_agents,
+            num_turns=num_turns,
+            external_transition=external_transition,
+            reward_processor=reward_processor,
+            early_termination_threshold=early_termination_threshold,
+        )
         self.render_mode = render_mode
         self.dict_observations = dict_observations
         self.possible_agents = [f"agent_{i}" for i in range(self.task.num_agents)]
         self.agents: list[str] = []
         # One space object per agent: seeding agent_1's space must not reseed agent_0's.
         self.max_prompt_chars = max_prompt_chars
-        self._obs_spaces = {a: spaces.Dict({"prompt": TextSpace(max_prompt_chars)})
-                            if dict_observations else TextSpace(max_prompt_chars)
-                            for a in self.possible_agents}
+        self._obs_spaces = {
+            a: spaces.Dict({"prompt": TextSpace(max_prompt_chars)})
+            if dict_observations
+            else TextSpace(max_prompt_chars)
+            for a in self.possible_agents
+        }
         self._act_spaces = {a: TextSpace(max_completion_chars) for a in self.possible_agents}
         per_turn = max_prompt_chars + max_completion_chars + 64
         self.state_space = TextSpace(self.task.num_agents * num_turns * per_turn)
@@ -102,8 +114,9 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         return self._act_spaces[agent]
 
     # -- episode --------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[dict[str, Obs], dict[str, dict[str, Any]]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Obs], dict[str, dict[str, Any]]]:
         """Start an episode on the next task item (or the one ``options`` pins)."""
         if seed is not None:
             self.np_random = np.random.default_rng(seed)
@@ -120,14 +133,16 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
             return self.source.get(options["index"]), options["index"]
         if "item" in options:
             if not isinstance(options["item"], dict):
-                raise TypeError(f"options['item'] must be a dict task item, got "
-                                f"{type(options['item']).__name__}.")
+                raise TypeError(
+                    f"options['item'] must be a dict task item, got "
+                    f"{type(options['item']).__name__}."
+                )
             return dict(options["item"]), None
         return self.source.next()
 
-    def step(self, actions: dict[str, str]) -> tuple[
-        dict[str, Obs], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict]
-    ]:
+    def step(
+        self, actions: dict[str, str]
+    ) -> tuple[dict[str, Obs], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict]]:
         """Play one turn: every live agent's completion, one reward for the joint response."""
         state = self._require_live_state()
         joint = self._joint_action(actions)
@@ -138,9 +153,12 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
             self._state = outcome.next_state
         else:
             self._state = dataclasses.replace(
-                state, turn=state.turn + 1,
-                response_history=tuple(h + (a,) for h, a in zip(state.response_history, joint,
-                                                                 strict=True)))
+                state,
+                turn=state.turn + 1,
+                response_history=tuple(
+                    h + (a,) for h, a in zip(state.response_history, joint, strict=True)
+                ),
+            )
             self.agents = []
         obs = self._observe(self._state)
         rewards = {a: outcome.reward for a in agents}
@@ -155,27 +173,36 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         if self._state is None:
             raise RuntimeError("step() was called before reset(); call env.reset() first.")
         if not self.agents:
-            raise RuntimeError("step() was called after the episode ended (env.agents is empty); "
-                               "call env.reset() to start the next episode.")
+            raise RuntimeError(
+                "step() was called after the episode ended (env.agents is empty); "
+                "call env.reset() to start the next episode."
+            )
         return self._state
 
     def _joint_action(self, actions: dict[str, str]) -> tuple[str, ...]:
         if not isinstance(actions, dict):
-            raise TypeError(f"actions must be a dict {{agent: completion}}, got "
-                            f"{type(actions).__name__}.")
+            raise TypeError(
+                f"actions must be a dict {{agent: completion}}, got {type(actions).__name__}."
+            )
         unknown = sorted(set(actions) - set(self.agents))
         missing = [a for a in self.agents if a not in actions]
         if unknown or missing:
-            raise KeyError(f"actions must hold exactly the live agents {self.agents}; unknown: "
-                           f"{unknown}, missing: {missing}.")
+            raise KeyError(
+                f"actions must hold exactly the live agents {self.agents}; unknown: "
+                f"{unknown}, missing: {missing}."
+            )
         for agent in self.agents:
             text = actions[agent]
             if not isinstance(text, str):
-                raise TypeError(f"the action of {agent} must be a completion str, got "
-                                f"{type(text).__name__} {text!r:.80}.")
+                raise TypeError(
+                    f"the action of {agent} must be a completion str, got "
+                    f"{type(text).__name__} {text!r:.80}."
+                )
             if not self._act_spaces[agent].contains(text):
-                raise ValueError(f"the action of {agent} has {len(text)} characters, more than "
-                                 f"max_completion_chars={self._act_spaces[agent].max_length}.")
+                raise ValueError(
+                    f"the action of {agent} has {len(text)} characters, more than "
+                    f"max_completion_chars={self._act_spaces[agent].max_length}."
+                )
         return tuple(actions[a] for a in self.agents)
 
     def _observe(self, state: EpisodeState) -> dict[str, Obs]:
@@ -187,8 +214,10 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
                     f"has {len(prompt)} characters, more than max_prompt_chars={limit}; raise "
                     "max_prompt_chars or shorten the formatter's or transition's prompt."
                 )
-        return {a: {"prompt": p} if self.dict_observations else p
-                for a, p in zip(self.possible_agents, state.prompts, strict=True)}
+        return {
+            a: {"prompt": p} if self.dict_observations else p
+            for a, p in zip(self.possible_agents, state.prompts, strict=True)
+        }
 
     def _infos(self, state: EpisodeState, outcome: Outcome | None) -> dict[str, dict[str, Any]]:
         info: dict[str, Any] = {"turn": state.turn, "item_index": state.item_index}

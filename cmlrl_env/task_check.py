@@ -52,10 +52,13 @@ class TaskReport:
         return not self.problems
 
     def __str__(self) -> str:
-        head = (f"check_task: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)")
+        head = f"check_task: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)"
         parts = [head]
-        for title, lines in (("Problems", self.problems), ("Warnings", self.warnings),
-                             ("Checked", self.checked)):
+        for title, lines in (
+            ("Problems", self.problems),
+            ("Warnings", self.warnings),
+            ("Checked", self.checked),
+        ):
             if lines:
                 parts.append(f"{title}:\n" + "\n".join(f"  - {line}" for line in lines))
         return "\n".join(parts)
@@ -125,10 +128,18 @@ def check_task(
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
         raise ValueError(f"num_items must be an int >= 1, got {num_items!r}.")
     rec = _Recorder()
-    task = rec.attempt("binding the task", lambda: Task(
-        formatters, reward_func, num_agents=num_agents, num_turns=num_turns,
-        external_transition=external_transition, reward_processor=reward_processor,
-        early_termination_threshold=early_termination_threshold))
+    task = rec.attempt(
+        "binding the task",
+        lambda: Task(
+            formatters,
+            reward_func,
+            num_agents=num_agents,
+            num_turns=num_turns,
+            external_transition=external_transition,
+            reward_processor=reward_processor,
+            early_termination_threshold=early_termination_threshold,
+        ),
+    )
     items = rec.attempt("reading the dataset", lambda: _first_items(dataset, num_items))
     if task is None or items is None:
         return rec.finish()
@@ -150,44 +161,69 @@ def _first_items(dataset: Any, num_items: int) -> list[tuple[int, dict[str, Any]
     return items
 
 
-def _joint_actions(samples: Sequence[str] | Sequence[Sequence[str]] | None,
-                   num_agents: int) -> list[tuple[str, ...]]:
+def _joint_actions(
+    samples: Sequence[str] | Sequence[Sequence[str]] | None, num_agents: int
+) -> list[tuple[str, ...]]:
     samples = DEFAULT_SAMPLE_COMPLETIONS if samples is None else samples
     if isinstance(samples, str) or not isinstance(samples, Sequence) or not samples:
-        raise TypeError(f"sample_completions must be a non-empty list of str, or one list per "
-                        f"agent; got {samples!r:.80}.")
+        raise TypeError(
+            f"sample_completions must be a non-empty list of str, or one list per "
+            f"agent; got {samples!r:.80}."
+        )
     if any(isinstance(s, str) for s in samples) and not all(isinstance(s, str) for s in samples):
-        raise TypeError(f"sample_completions mixes strings and lists; give a list of str or one "
-                        f"list per agent, got {samples!r:.80}.")
+        raise TypeError(
+            f"sample_completions mixes strings and lists; give a list of str or one "
+            f"list per agent, got {samples!r:.80}."
+        )
     if all(isinstance(s, str) for s in samples):
         pool = list(samples)
-        return [tuple(pool[(j + a) % len(pool)] for a in range(num_agents))
-                for j in range(len(pool))]
+        return [
+            tuple(pool[(j + a) % len(pool)] for a in range(num_agents)) for j in range(len(pool))
+        ]
     lists = [list(s) for s in samples]
-    if (len(lists) != num_agents or len({len(s) for s in lists}) != 1 or not lists[0]
-            or not all(isinstance(t, str) for s in lists for t in s)):
-        raise ValueError(f"sample_completions as per-agent lists needs {num_agents} non-empty "
-                         f"lists of str of equal length (one per agent), got {samples!r:.120}.")
+    if (
+        len(lists) != num_agents
+        or len({len(s) for s in lists}) != 1
+        or not lists[0]
+        or not all(isinstance(t, str) for s in lists for t in s)
+    ):
+        raise ValueError(
+            f"sample_completions as per-agent lists needs {num_agents} non-empty "
+            f"lists of str of equal length (one per agent), got {samples!r:.120}."
+        )
     return list(zip(*lists, strict=True))
 
 
-def _check_item(task: Task, index: int, item: Mapping[str, Any], joint: list[tuple[str, ...]],
-                threshold: float | None, rec: _Recorder) -> None:
-    prompts = [rec.attempt(f"item {index}, formatter of agent_{a}",
-                           lambda a=a: task.formatters.format(a, item, item_index=index))
-               for a in range(task.num_agents)]
+def _check_item(
+    task: Task,
+    index: int,
+    item: Mapping[str, Any],
+    joint: list[tuple[str, ...]],
+    threshold: float | None,
+    rec: _Recorder,
+) -> None:
+    prompts = [
+        rec.attempt(
+            f"item {index}, formatter of agent_{a}",
+            lambda a=a: task.formatters.format(a, item, item_index=index),
+        )
+        for a in range(task.num_agents)
+    ]
     if any(p is None for p in prompts):
         return
     for a, prompt in enumerate(prompts):
         if not prompt.strip():
-            rec.warnings.append(f"item {index}: the formatter of agent_{a} returned an empty "
-                                "prompt.")
+            rec.warnings.append(
+                f"item {index}: the formatter of agent_{a} returned an empty prompt."
+            )
     states: list[EpisodeState] = [task.initial_state(item, index)]
     rec.checked.append(f"item {index}: prompts of {[len(p) for p in prompts]} characters")
     for turn in range(1, task.num_turns + 1):
         where = f"item {index}, turn {turn}"
-        outcomes = rec.attempt(f"{where}, scoring {len(states) * len(joint)} joint responses",
-                               lambda s=states: task.step_group(s, [joint] * len(s)))
+        outcomes = rec.attempt(
+            f"{where}, scoring {len(states) * len(joint)} joint responses",
+            lambda s=states: task.step_group(s, [joint] * len(s)),
+        )
         if outcomes is None:
             return
         flat = [o for row in outcomes for o in row]
@@ -195,26 +231,36 @@ def _check_item(task: Task, index: int, item: Mapping[str, Any], joint: list[tup
         if turn == 1:
             _check_reward_consistency(task, index, item, joint, [o.raw_reward for o in flat], rec)
             _warn_if_collapsed(task, index, [o.reward for o in flat], threshold, rec)
-        states = [o.next_state for o in flat if o.next_state is not None][:len(joint)]
+        states = [o.next_state for o in flat if o.next_state is not None][: len(joint)]
         if not states:
             return
 
 
-def _check_reward_consistency(task: Task, index: int, item: Mapping[str, Any],
-                              joint: list[tuple[str, ...]], group: list[float],
-                              rec: _Recorder) -> None:
+def _check_reward_consistency(
+    task: Task,
+    index: int,
+    item: Mapping[str, Any],
+    joint: list[tuple[str, ...]],
+    group: list[float],
+    rec: _Recorder,
+) -> None:
     def score(actions: list[tuple[str, ...]]) -> list[float]:
-        return task.reward([[act[a] for act in actions] for a in range(task.num_agents)],
-                           item, item_index=index)
+        return task.reward(
+            [[act[a] for act in actions] for a in range(task.num_agents)], item, item_index=index
+        )
 
     where = f"item {index}"
     again = rec.attempt(f"{where}, scoring the same joint responses again", lambda: score(joint))
     if again is not None and not _close(again, group):
-        rec.warnings.append(f"{where}: reward_func {task.reward.name} gave {again} on a second "
-                            f"call with the same completions, {group} on the first; runs will "
-                            "not be reproducible.")
-    alone = [rec.attempt(f"{where}, scoring joint response {j} alone", lambda j=j: score(
-        [joint[j]])) for j in range(len(joint))]
+        rec.warnings.append(
+            f"{where}: reward_func {task.reward.name} gave {again} on a second "
+            f"call with the same completions, {group} on the first; runs will "
+            "not be reproducible."
+        )
+    alone = [
+        rec.attempt(f"{where}, scoring joint response {j} alone", lambda j=j: score([joint[j]]))
+        for j in range(len(joint))
+    ]
     if all(a is not None for a in alone) and not _close([a[0] for a in alone], group):
         rec.warnings.append(
             f"{where}: reward_func {task.reward.name} scores joint responses differently alone "
@@ -223,19 +269,22 @@ def _check_reward_consistency(task: Task, index: int, item: Mapping[str, Any],
             "its own joint response."
         )
     if len(joint) > 1 and len(set(group)) == 1:
-        rec.warnings.append(f"{where}: reward_func {task.reward.name} gave {group[0]} to every "
-                            "sample joint response; check that it reads the completions.")
+        rec.warnings.append(
+            f"{where}: reward_func {task.reward.name} gave {group[0]} to every "
+            "sample joint response; check that it reads the completions."
+        )
 
 
-def _warn_if_collapsed(task: Task, index: int, rewards: list[float], threshold: float | None,
-                       rec: _Recorder) -> None:
+def _warn_if_collapsed(
+    task: Task, index: int, rewards: list[float], threshold: float | None, rec: _Recorder
+) -> None:
     if task.num_turns > 1 and threshold is not None and all(r > threshold for r in rewards):
         rec.warn_once(
             "collapse",
             f"item {index}: every sample reward exceeds early_termination_threshold={threshold}, "
             f"so every branch would end after turn 1 of {task.num_turns}; pass "
             "early_termination_threshold=None to always play every turn, or a threshold only "
-            "good answers reach (e.g. 0.9)."
+            "good answers reach (e.g. 0.9).",
         )
 
 
@@ -243,10 +292,10 @@ def _summary(rewards: list[float]) -> str:
     if len(rewards) <= 8:
         return "rewards " + ", ".join(f"{r:.4g}" for r in rewards)
     mean = sum(rewards) / len(rewards)
-    return (f"{len(rewards)} rewards from {min(rewards):.4g} to {max(rewards):.4g}, "
-            f"mean {mean:.4g}")
+    return f"{len(rewards)} rewards from {min(rewards):.4g} to {max(rewards):.4g}, mean {mean:.4g}"
 
 
 def _close(a: Sequence[float], b: Sequence[float]) -> bool:
-    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
-                                    for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(a, b, strict=True)
+    )

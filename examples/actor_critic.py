@@ -35,8 +35,9 @@ def models(tiny: bool, algo: str, iac_critic: str) -> dict[str, Any]:
     if tiny:
         from cmlrl_agents.testing import tiny_agent
 
-        parts: dict[str, Any] = {"agents": [tiny_agent(seed=0, eos_bias=3.0),
-                                            tiny_agent(seed=1, eos_bias=3.0)]}
+        parts: dict[str, Any] = {
+            "agents": [tiny_agent(seed=0, eos_bias=3.0), tiny_agent(seed=1, eos_bias=3.0)]
+        }
         if separate:
             parts["critics"] = [tiny_agent(seed=10 + i) for i in range(count)]
         return parts
@@ -55,18 +56,32 @@ def run(algo: str, args: argparse.Namespace) -> None:
     repeats = [i for i in range(len(dataset)) for _ in range(args.eval_repeats)]
     eval_dataset = dataset.select(repeats)
     common = dict(
-        num_agents=2, num_turns=2, num_train_epochs=args.epochs, max_new_tokens=args.max_new_tokens,
-        temperature=0.8, top_p=0.95, agent_learning_rate=args.learning_rate,
-        early_termination_threshold=0.9, rollout_buffer_size=len(dataset), eval_interval=0,
-        eval_num_samples=len(eval_dataset), eval_batch_size=len(eval_dataset), logging_steps=1,
-        seed=args.seed, output_dir=f"{args.output_dir}/{algo}",
+        num_agents=2,
+        num_turns=2,
+        num_train_epochs=args.epochs,
+        max_new_tokens=args.max_new_tokens,
+        temperature=0.8,
+        top_p=0.95,
+        agent_learning_rate=args.learning_rate,
+        early_termination_threshold=0.9,
+        rollout_buffer_size=len(dataset),
+        eval_interval=0,
+        eval_num_samples=len(eval_dataset),
+        eval_batch_size=len(eval_dataset),
+        logging_steps=1,
+        seed=args.seed,
+        output_dir=f"{args.output_dir}/{algo}",
     )
-    critic = dict(critic_learning_rate=args.critic_learning_rate, gae_lambda=0.95,
-                  advantage_normalization=len(dataset) > 1)
+    critic = dict(
+        critic_learning_rate=args.critic_learning_rate,
+        gae_lambda=0.95,
+        advantage_normalization=len(dataset) > 1,
+    )
     extra: dict[str, Any] = {}
     if algo == "iac":
-        config: Any = IACConfig(use_separate_critic=args.iac_critic == "separate", **common,
-                                **critic)
+        config: Any = IACConfig(
+            use_separate_critic=args.iac_critic == "separate", **common, **critic
+        )
         trainer_class: Any = IACTrainer
     elif algo == "maac":
         config, trainer_class = MAACConfig(**common, **critic), MAACTrainer
@@ -74,12 +89,16 @@ def run(algo: str, args: argparse.Namespace) -> None:
         config, trainer_class = MAGRPOConfig(num_generations=4, **common), MAGRPOTrainer
     if algo != "magrpo":
         extra["metrics_callback"] = lambda rollouts: {
-            "response_chars": sum(len(s.completion) for s in rollouts) / max(len(rollouts), 1)}
+            "response_chars": sum(len(s.completion) for s in rollouts) / max(len(rollouts), 1)
+        }
     trainer = trainer_class(
         **models(args.tiny, algo, args.iac_critic),
-        train_dataset=dataset, eval_dataset=eval_dataset,
-        reward_func=tasks.feedback_ratio_reward, external_transition=tasks.length_feedback,
-        args=config, **extra,
+        train_dataset=dataset,
+        eval_dataset=eval_dataset,
+        reward_func=tasks.feedback_ratio_reward,
+        external_transition=tasks.length_feedback,
+        args=config,
+        **extra,
     )
     before = trainer.evaluate_items(config.eval_num_samples)
     start = time.perf_counter()
@@ -90,16 +109,26 @@ def run(algo: str, args: argparse.Namespace) -> None:
     for key in ("eval/turn_1/reward_mean", "eval/turn_2/reward_mean", "eval/response_chars"):
         if key in before and key in after:
             print(f"{algo.upper()} {key}: before {before[key]:.3f} -> after {after[key]:.3f}")
-    print(f"{algo.upper()} trained {args.epochs} epoch(s) on {len(dataset)} items in "
-          f"{seconds:.1f} s; run folder: {trainer.run_dir}")
+    print(
+        f"{algo.upper()} trained {args.epochs} epoch(s) on {len(dataset)} items in "
+        f"{seconds:.1f} s; run folder: {trainer.run_dir}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algo", choices=["iac", "maac", "magrpo", "both", "all"],
-                        default="both", help="both: IAC and MAAC; all: also MAGRPO")
-    parser.add_argument("--iac-critic", choices=["shared", "separate"], default="shared",
-                        help="shared: value head on each actor; separate: a critic LM per agent")
+    parser.add_argument(
+        "--algo",
+        choices=["iac", "maac", "magrpo", "both", "all"],
+        default="both",
+        help="both: IAC and MAAC; all: also MAGRPO",
+    )
+    parser.add_argument(
+        "--iac-critic",
+        choices=["shared", "separate"],
+        default="shared",
+        help="shared: value head on each actor; separate: a critic LM per agent",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--items", type=int, default=4, help="training prompts (1 to 4)")
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -35,13 +35,16 @@ def main() -> None:
         for _ in range(len(train_dataset)):  # one episode per task item, in dataset order
             obs, infos = env.reset()
             while env.agents:
-                actions = {agent: scripted_policy(agent, obs[agent], stretch)
-                           for agent in env.agents}
+                actions = {
+                    agent: scripted_policy(agent, obs[agent], stretch) for agent in env.agents
+                }
                 obs, step_rewards, terminations, truncations, infos = env.step(actions)
             rewards.append(step_rewards["agent_0"])  # cooperative: every agent gets the same
         shown = ", ".join(f"{r:.3f}" for r in rewards)
-        print(f"detailed answer {stretch}x as long: mean reward "
-              f"{sum(rewards) / len(rewards):.3f}  [{shown}]")
+        print(
+            f"detailed answer {stretch}x as long: mean reward "
+            f"{sum(rewards) / len(rewards):.3f}  [{shown}]"
+        )
     env.close()
 
 

@@ -20,8 +20,13 @@ from cmlrl_env.tasks import feedback_dataset, feedback_ratio_reward, length_feed
 # A factory, not an env: the checks build fresh envs, some with render_mode or
 # dict_observations, so it must forward keyword arguments (functools.partial does).
 make_env = functools.partial(
-    CoMLRLEnv, feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-    external_transition=length_feedback, early_termination_threshold=0.9,
+    CoMLRLEnv,
+    feedback_dataset(),
+    None,
+    feedback_ratio_reward,
+    num_turns=2,
+    external_transition=length_feedback,
+    early_termination_threshold=0.9,
 )
 
 
@@ -58,21 +63,26 @@ def main() -> None:
             print(f"AEC {agent} done after turn {info['turn']}, last reward {reward:.3f}")
         else:
             action = scripted_policy(agent, observation)
-            print(f"AEC {agent} turn {info['turn'] + 1}: {len(action)} characters, "
-                  f"previous turn's reward {reward:.3f}")
+            print(
+                f"AEC {agent} turn {info['turn'] + 1}: {len(action)} characters, "
+                f"previous turn's reward {reward:.3f}"
+            )
         aec_env.step(action)
 
     # 3. Wrappers: strip completions, and play every task item as one long episode.
-    env = MultiEpisodeParallelEnv(StripCompletions(make_env()),
-                                  num_episodes=len(feedback_dataset()))
+    env = MultiEpisodeParallelEnv(
+        StripCompletions(make_env()), num_episodes=len(feedback_dataset())
+    )
     observations, infos = env.reset(seed=0)
     turn_rewards: list[float] = []
     while env.agents:
         actions = {agent: scripted_policy(agent, observations[agent]) for agent in env.agents}
         observations, rewards, terminations, truncations, infos = env.step(actions)
         turn_rewards.append(rewards["agent_0"])
-    print(f"MultiEpisodeParallelEnv: {len(turn_rewards)} turns over {len(feedback_dataset())} "
-          "task items, rewards " + ", ".join(f"{r:.3f}" for r in turn_rewards))
+    print(
+        f"MultiEpisodeParallelEnv: {len(turn_rewards)} turns over {len(feedback_dataset())} "
+        "task items, rewards " + ", ".join(f"{r:.3f}" for r in turn_rewards)
+    )
 
 
 if __name__ == "__main__":

@@ -45,12 +45,19 @@ def chain_tree(num_generations: int = 1, num_turns: int = 2):
     def transition(prompt, agent_completions, num_agents, **history):
         return [agent_completions[0] + ">"] * num_agents
 
-    task = Task(None, reward, num_agents=2, num_turns=num_turns, external_transition=transition,
-                early_termination_threshold=0.9)
+    task = Task(
+        None,
+        reward,
+        num_agents=2,
+        num_turns=num_turns,
+        external_transition=transition,
+        early_termination_threshold=0.9,
+    )
     echo = ScriptedPolicy(lambda prompt, g: prompt)  # the answer names the state it came from
     items = [({"prompt": "A"}, 0), ({"prompt": "B"}, 1)]
-    return collect_tree(task, [echo, echo], items, num_generations=num_generations,
-                        sampling=SAMPLING)
+    return collect_tree(
+        task, [echo, echo], items, num_generations=num_generations, sampling=SAMPLING
+    )
 
 
 # V(A, turn 1) = 0.2, V(B, turn 1) = 0.3, V(A, turn 2) = 0.4.
@@ -95,14 +102,26 @@ def test_agent_rollouts_carry_the_documented_fields() -> None:
     adv, ret = chain_gae(tree, STATE_VALUES, discount=0.9, lam=0.0)
     samples = agent_rollouts(tree, 1, STATE_VALUES, adv, ret)
     assert [(s.turn, s.prompt, s.completion) for s in samples] == [
-        (1, "A", "A"), (1, "B", "B"), (2, "A>", "A>")]
+        (1, "A", "A"),
+        (1, "B", "B"),
+        (2, "A>", "A>"),
+    ]
     first = samples[0]
     assert first.agent_idx == 1 and first.metadata["item"] == {"prompt": "A"}
     meta = first.metadata
     assert meta.pop("item") == {"prompt": "A"}
-    assert meta == pytest.approx({
-        "turn": 1, "generation": 0, "item_index": 0, "reward": 0.5, "return": 0.86,
-        "value": 0.2, "advantage": 0.66, "normalized_advantage": None})
+    assert meta == pytest.approx(
+        {
+            "turn": 1,
+            "generation": 0,
+            "item_index": 0,
+            "reward": 0.5,
+            "return": 0.86,
+            "value": 0.2,
+            "advantage": 0.66,
+            "normalized_advantage": None,
+        }
+    )
 
 
 # ------------------------------------------------------------------------------ value heads
@@ -146,13 +165,19 @@ def test_a_base_model_without_lm_head_can_be_a_critic(tmp_path) -> None:
 # -------------------------------------------------------------------------- trainer helpers
 def length_task(num_items: int = 2) -> dict:
     data = length_ratio_dataset().select(range(num_items))
-    return {"train_dataset": data, "formatters": [brief_formatter, detailed_formatter],
-            "reward_func": length_ratio_reward}
+    return {
+        "train_dataset": data,
+        "formatters": [brief_formatter, detailed_formatter],
+        "reward_func": length_ratio_reward,
+    }
 
 
 def feedback_task(num_items: int = 2) -> dict:
-    return {"train_dataset": feedback_dataset().select(range(num_items)),
-            "reward_func": feedback_ratio_reward, "external_transition": length_feedback}
+    return {
+        "train_dataset": feedback_dataset().select(range(num_items)),
+        "reward_func": feedback_ratio_reward,
+        "external_transition": length_feedback,
+    }
 
 
 def build(cls, config, task: dict, critics: int | None = None, **kwargs):
@@ -164,9 +189,14 @@ def build(cls, config, task: dict, critics: int | None = None, **kwargs):
 
 
 def config(cls, tmp_path, **overrides):
-    fields = {"max_new_tokens": 6, "rollout_buffer_size": 2, "eval_interval": 0,
-              "agent_learning_rate": 1e-3, "output_dir": str(tmp_path / "run"),
-              "early_termination_threshold": None}
+    fields = {
+        "max_new_tokens": 6,
+        "rollout_buffer_size": 2,
+        "eval_interval": 0,
+        "agent_learning_rate": 1e-3,
+        "output_dir": str(tmp_path / "run"),
+        "early_termination_threshold": None,
+    }
     return cls(**{**fields, **overrides})
 
 
@@ -176,8 +206,9 @@ def snapshot(modules) -> list[torch.Tensor]:
 
 def all_changed(before, modules) -> bool:
     after = [p for m in modules for p in m.parameters()]
-    return len(before) == len(after) and all(not torch.equal(b, a)
-                                             for b, a in zip(before, after, strict=True))
+    return len(before) == len(after) and all(
+        not torch.equal(b, a) for b, a in zip(before, after, strict=True)
+    )
 
 
 def logged(trainer) -> dict[str, float]:
@@ -194,15 +225,22 @@ def test_iac_trains_actors_and_critics(tmp_path, separate: bool) -> None:
     trainer = build(IACTrainer, cfg, feedback_task(), critics=2 if separate else None)
     actors = [a.model for a in trainer.agents]
     critic_parts = ([c.trunk for c in trainer.critics] if separate else []) + [
-        c.head for c in trainer.critics]
+        c.head for c in trainer.critics
+    ]
     actors_before, critics_before = snapshot(actors), snapshot(critic_parts)
     trainer.train()
     assert all_changed(actors_before, actors)
     assert all_changed(critics_before, critic_parts)
     assert len(trainer.critic_optimizers) == (2 if separate else 0)
     metrics = logged(trainer)
-    for key in ("agent_0/policy_loss", "agent_1/value_loss", "value_mean",
-                "turn_1/reward_mean", "turn_2/expected_return", "agent_1/grad_norm"):
+    for key in (
+        "agent_0/policy_loss",
+        "agent_1/value_loss",
+        "value_mean",
+        "turn_1/reward_mean",
+        "turn_2/expected_return",
+        "agent_1/grad_norm",
+    ):
         assert math.isfinite(metrics[key]), key
     assert ("agent_1/critic_grad_norm" in metrics) == separate
     trainer.save_model(tmp_path / "saved")
@@ -213,7 +251,8 @@ def test_iac_trains_actors_and_critics(tmp_path, separate: bool) -> None:
 
 
 def test_maac_critic_reads_the_joint_transcript_and_steps_once_per_round(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     trainer = build(MAACTrainer, config(MAACConfig, tmp_path), length_task(4), critics=1)
     texts: list[str] = []
     encoder = trainer.critic_encoders[0]
@@ -221,8 +260,14 @@ def test_maac_critic_reads_the_joint_transcript_and_steps_once_per_round(
     monkeypatch.setattr(encoder, "encode_prompts", lambda t: texts.extend(t) or encode(t))
     steps = {"critic": 0, "actor": 0}
     for name, opt in (("critic", trainer.critic_optimizers[0]), ("actor", trainer.optimizers[0])):
-        monkeypatch.setattr(opt, "step", lambda *a, _o=opt.step, _n=name, **k: (
-            steps.__setitem__(_n, steps[_n] + 1), _o(*a, **k))[1])
+        monkeypatch.setattr(
+            opt,
+            "step",
+            lambda *a, _o=opt.step, _n=name, **k: (
+                steps.__setitem__(_n, steps[_n] + 1),
+                _o(*a, **k),
+            )[1],
+        )
     actors, critic = [a.model for a in trainer.agents], [trainer.critics[0].trunk]
     before_actors, before_critic = snapshot(actors), snapshot(critic)
     trainer.train()
@@ -238,12 +283,14 @@ def test_maac_critic_reads_the_joint_transcript_and_steps_once_per_round(
 
 
 def test_maac_transcript_of_turn_two_holds_both_answers(tmp_path, monkeypatch) -> None:
-    trainer = build(MAACTrainer, config(MAACConfig, tmp_path, num_turns=2), feedback_task(1),
-                    critics=1)
+    trainer = build(
+        MAACTrainer, config(MAACConfig, tmp_path, num_turns=2), feedback_task(1), critics=1
+    )
     texts: list[str] = []
     encode = trainer.critic_encoders[0].encode_prompts
-    monkeypatch.setattr(trainer.critic_encoders[0], "encode_prompts",
-                        lambda t: texts.extend(t) or encode(t))
+    monkeypatch.setattr(
+        trainer.critic_encoders[0], "encode_prompts", lambda t: texts.extend(t) or encode(t)
+    )
     rollouts: list[RolloutSample] = []
     trainer.metrics_callback = lambda r: rollouts.extend(r) or {}
     trainer.train()
@@ -254,20 +301,28 @@ def test_maac_transcript_of_turn_two_holds_both_answers(tmp_path, monkeypatch) -
         assert f"[agent_{agent} turn 2 prompt]" in second
 
 
-@pytest.mark.parametrize(("cls", "cfg_cls", "critics"),
-                         [(MAACTrainer, MAACConfig, 1), (IACTrainer, IACConfig, None)])
+@pytest.mark.parametrize(
+    ("cls", "cfg_cls", "critics"), [(MAACTrainer, MAACConfig, 1), (IACTrainer, IACConfig, None)]
+)
 def test_chunked_forwards_give_the_same_gradients(tmp_path, cls, cfg_cls, critics) -> None:
     # Gradients, not weights: Adam amplifies float noise in near-zero gradients.
     fields = {} if critics else {"use_separate_critic": False}
     grads, rollouts = [], None
     for size in (None, 1):
-        cfg = config(cfg_cls, tmp_path, ppo_clip_range=0.2, value_clip_range=0.5,
-                     forward_batch_size=size, **fields)
+        cfg = config(
+            cfg_cls,
+            tmp_path,
+            ppo_clip_range=0.2,
+            value_clip_range=0.5,
+            forward_batch_size=size,
+            **fields,
+        )
         trainer = build(cls, cfg, length_task(2), critics=critics)
         if rollouts is None:
             items = [(dict(row), i) for i, row in enumerate(length_task(2)["train_dataset"])]
-            tree = collect_tree(trainer.task, trainer.agents, items, num_generations=1,
-                                sampling=trainer.sampling)
+            tree = collect_tree(
+                trainer.task, trainer.agents, items, num_generations=1, sampling=trainer.sampling
+            )
             inputs = trainer._critic_inputs(tree)
             rollouts = (trainer._rollouts(tree, normalize=True, inputs=inputs), inputs)
         # Record the gradients each optimizer would apply (the step frees them afterwards).
@@ -287,8 +342,9 @@ def test_chunked_forwards_give_the_same_gradients(tmp_path, cls, cfg_cls, critic
 
 
 def _record_grads(optimizer: torch.optim.Optimizer, seen: list[torch.Tensor]) -> None:
-    seen.extend(p.grad.clone() for g in optimizer.param_groups for p in g["params"]
-                if p.grad is not None)
+    seen.extend(
+        p.grad.clone() for g in optimizer.param_groups for p in g["params"] if p.grad is not None
+    )
 
 
 # ----------------------------------------------------------------------- metrics_callback
@@ -299,17 +355,31 @@ def test_metrics_callback_in_training_and_evaluation(tmp_path) -> None:
         seen.append(rollouts)
         return {"samples": len(rollouts), "item": rollouts[0].metadata["item_index"]}
 
-    trainer = build(IACTrainer, config(IACConfig, tmp_path, use_separate_critic=False),
-                    length_task(2), metrics_callback=callback,
-                    eval_dataset=length_ratio_dataset().select(range(2)))
+    trainer = build(
+        IACTrainer,
+        config(IACConfig, tmp_path, use_separate_critic=False),
+        length_task(2),
+        metrics_callback=callback,
+        eval_dataset=length_ratio_dataset().select(range(2)),
+    )
     trainer.train()
     train_rollouts = seen[-1]
     assert len(train_rollouts) == 4  # 2 items x 2 agents, one round
     sample = train_rollouts[0]
     assert {"agent_idx", "prompt", "completion", "metadata"} <= {
-        name for name in dir(sample) if not name.startswith("_")}
-    assert set(sample.metadata) == {"turn", "generation", "item", "item_index", "reward",
-                                    "return", "value", "advantage", "normalized_advantage"}
+        name for name in dir(sample) if not name.startswith("_")
+    }
+    assert set(sample.metadata) == {
+        "turn",
+        "generation",
+        "item",
+        "item_index",
+        "reward",
+        "return",
+        "value",
+        "advantage",
+        "normalized_advantage",
+    }
     assert sample.metadata["normalized_advantage"] is not None
     assert logged(trainer)["samples"] == 4
 
@@ -324,8 +394,12 @@ def test_metrics_callback_in_training_and_evaluation(tmp_path) -> None:
 
 
 def test_metrics_callback_may_not_shadow_trainer_metrics(tmp_path) -> None:
-    trainer = build(IACTrainer, config(IACConfig, tmp_path, use_separate_critic=False),
-                    length_task(2), metrics_callback=lambda r: {"value_mean": 1.0})
+    trainer = build(
+        IACTrainer,
+        config(IACConfig, tmp_path, use_separate_critic=False),
+        length_task(2),
+        metrics_callback=lambda r: {"value_mean": 1.0},
+    )
     with pytest.raises(ValueError, match="value_mean"):
         trainer.train()
 
@@ -341,8 +415,13 @@ def test_evaluate_takes_no_argument_and_is_empty_without_eval_set(tmp_path) -> N
 
 
 def test_eval_num_samples_set_on_args_limits_evaluation(tmp_path) -> None:
-    trainer = build(MAACTrainer, config(MAACConfig, tmp_path), length_task(2), critics=1,
-                    eval_dataset=length_ratio_dataset())
+    trainer = build(
+        MAACTrainer,
+        config(MAACConfig, tmp_path),
+        length_task(2),
+        critics=1,
+        eval_dataset=length_ratio_dataset(),
+    )
     trainer.args.eval_num_samples = 3
     calls = []
     trainer.metrics_callback = lambda r: calls.append(r) or {}
@@ -409,8 +488,12 @@ def test_seed_dataset_rows_reach_reward_through_env(tmp_path) -> None:
         return [1.0] * len(a)
 
     data = Dataset.from_dict({"prompt": ["x", "y"]})
-    trainer = build(MAACTrainer, config(MAACConfig, tmp_path, advantage_normalization=False),
-                    {"train_dataset": data, "reward_func": reward}, critics=1)
+    trainer = build(
+        MAACTrainer,
+        config(MAACConfig, tmp_path, advantage_normalization=False),
+        {"train_dataset": data, "reward_func": reward},
+        critics=1,
+    )
     trainer.train()
     assert rows == ["x", "y"]
     assert "explained_variance" not in logged(trainer)  # constant returns: undefined, not NaN
@@ -422,14 +505,21 @@ def test_checkpoints_hold_critics_and_their_optimizers(tmp_path, separate: bool)
     trainer = build(IACTrainer, cfg, length_task(2), critics=2 if separate else None)
     trainer.train()
     path = trainer.save_checkpoint()
-    fresh = build(IACTrainer, config(IACConfig, tmp_path, use_separate_critic=separate),
-                  length_task(2), critics=2 if separate else None)
+    fresh = build(
+        IACTrainer,
+        config(IACConfig, tmp_path, use_separate_critic=separate),
+        length_task(2),
+        critics=2 if separate else None,
+    )
     fresh.load_checkpoint(path)
     for old, new in zip(trainer.critics, fresh.critics, strict=True):
         for a, b in zip(old.state_dict().values(), new.state_dict().values(), strict=True):
             torch.testing.assert_close(a, b)
-    for old, new in zip(trainer.critic_optimizers + trainer.optimizers,
-                        fresh.critic_optimizers + fresh.optimizers, strict=True):
+    for old, new in zip(
+        trainer.critic_optimizers + trainer.optimizers,
+        fresh.critic_optimizers + fresh.optimizers,
+        strict=True,
+    ):
         assert old.state_dict()["state"].keys() == new.state_dict()["state"].keys()
         assert new.state_dict()["state"]  # Adam moments restored, not a fresh optimizer
 
@@ -440,9 +530,23 @@ def test_example_runs_on_tiny_models(tmp_path) -> None:
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "examples" / "actor_critic.py"
-    command = [sys.executable, str(script), "--tiny", "--epochs", "1", "--items", "2",
-               "--eval-repeats", "1", "--max-new-tokens", "4", "--output-dir", str(tmp_path),
-               "--algo", "all"]
+    command = [
+        sys.executable,
+        str(script),
+        "--tiny",
+        "--epochs",
+        "1",
+        "--items",
+        "2",
+        "--eval-repeats",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--output-dir",
+        str(tmp_path),
+        "--algo",
+        "all",
+    ]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for algo in ("IAC", "MAAC", "MAGRPO"):

@@ -1,4 +1,4 @@
-"""The main job's example runs end to end on a tiny model (the SmolLM2 run is the README's)."""
+"""The main job's example runs end to end on a tiny model and, as a slow test, on SmolLM2."""
 
 from __future__ import annotations
 
@@ -12,27 +12,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_length_ratio_example_runs_on_a_tiny_model(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "length_ratio.py"),
-            "--tiny",
-            "--epochs",
-            "1",
-            "--max-new-tokens",
-            "4",
-            "--eval-repeats",
-            "1",
-            "--output-dir",
-            str(tmp_path / "run"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def run_length_ratio(tmp_path: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        str(ROOT / "examples" / "length_ratio.py"),
+        "--epochs",
+        "1",
+        "--eval-repeats",
+        "1",
+        "--output-dir",
+        str(tmp_path / "run"),
+        *args,
+    ]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_length_ratio_example_runs_on_a_tiny_model(tmp_path):
+    proc = run_length_ratio(tmp_path, "--tiny", "--max-new-tokens", "4", timeout=300)
     assert "eval/turn_1/reward_mean: before" in proc.stdout
     metrics = json.loads((tmp_path / "eval-metrics.json").read_text())
     assert set(metrics) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
@@ -44,28 +42,10 @@ def test_length_ratio_example_runs_on_a_tiny_model(tmp_path):
 def test_length_ratio_example_with_smollm2(tmp_path):
     """The main job's program on the real model, one short epoch: the rewards see real text
     (the reference hands this tokenizer's completions to the reward as '', bug B1)."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "length_ratio.py"),
-            "--epochs",
-            "1",
-            "--max-new-tokens",
-            "16",
-            "--eval-repeats",
-            "1",
-            "--output-dir",
-            str(tmp_path / "run"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [
-        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    run_length_ratio(tmp_path, "--max-new-tokens", "16", timeout=1200)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    train = [
+        row["turn_1/reward_mean"] for row in map(json.loads, lines) if "turn_1/reward_mean" in row
     ]
-    train = [r["turn_1/reward_mean"] for r in rows if "turn_1/reward_mean" in r]
     assert len(train) == 4 and all(0.0 < r <= 1.0 for r in train)  # 8 items, 2 per round
     assert json.loads((tmp_path / "eval-metrics.json").read_text())["eval/turn_1/reward_mean"] > 0

@@ -31,27 +31,53 @@ from cmlrl_env.tasks import (
     length_ratio_reward,
 )
 
-ALL_CHECKS = ("parallel_api_test", "parallel_seed_test", "render_test",
-              "api_test(dict_observations=True)", "state_test", "multi_turn_determinism",
-              "text_contract")
+ALL_CHECKS = (
+    "parallel_api_test",
+    "parallel_seed_test",
+    "render_test",
+    "api_test(dict_observations=True)",
+    "state_test",
+    "multi_turn_determinism",
+    "text_contract",
+)
 
 length_ratio_env = functools.partial(
-    CoMLRLEnv, length_ratio_dataset(), [brief_formatter, detailed_formatter], length_ratio_reward)
+    CoMLRLEnv, length_ratio_dataset(), [brief_formatter, detailed_formatter], length_ratio_reward
+)
 feedback_env = functools.partial(
-    CoMLRLEnv, feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-    external_transition=length_feedback, early_termination_threshold=None)
+    CoMLRLEnv,
+    feedback_dataset(),
+    None,
+    feedback_ratio_reward,
+    num_turns=2,
+    external_transition=length_feedback,
+    early_termination_threshold=None,
+)
 
 
 # -- check_env ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env_fn", [
-    length_ratio_env,
-    feedback_env,
-    functools.partial(feedback_env, early_termination_threshold=0.9),
-    functools.partial(length_ratio_env, max_completion_chars=64, max_prompt_chars=256),
-    functools.partial(CoMLRLEnv, length_ratio_dataset().to_iterable_dataset(),
-                      [brief_formatter, detailed_formatter], length_ratio_reward),
-], ids=["length_ratio_1_turn", "feedback_2_turns", "feedback_threshold_0.9", "short_limits",
-        "streamed"])
+@pytest.mark.parametrize(
+    "env_fn",
+    [
+        length_ratio_env,
+        feedback_env,
+        functools.partial(feedback_env, early_termination_threshold=0.9),
+        functools.partial(length_ratio_env, max_completion_chars=64, max_prompt_chars=256),
+        functools.partial(
+            CoMLRLEnv,
+            length_ratio_dataset().to_iterable_dataset(),
+            [brief_formatter, detailed_formatter],
+            length_ratio_reward,
+        ),
+    ],
+    ids=[
+        "length_ratio_1_turn",
+        "feedback_2_turns",
+        "feedback_threshold_0.9",
+        "short_limits",
+        "streamed",
+    ],
+)
 def test_check_env_passes_on_the_seed_tasks(env_fn: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the text-space noise of PettingZoo's tests is filtered
@@ -63,10 +89,13 @@ def test_check_env_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"num_cycles": 0}, r"num_cycles must be an int >= 1, got 0"),
-    ({"num_episodes": 1.5}, r"num_episodes must be an int >= 1, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_cycles": 0}, r"num_cycles must be an int >= 1, got 0"),
+        ({"num_episodes": 1.5}, r"num_episodes must be an int >= 1, got 1.5"),
+    ],
+)
 def test_check_env_checks_its_own_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_env(length_ratio_env, **kwargs)
@@ -80,15 +109,24 @@ def test_check_env_passes_with_the_default_threshold_and_says_why_turn_two_is_sk
 
 def test_bare_string_observations_cannot_pass_the_aec_api_test() -> None:
     # Why check_env runs api_test on dict_observations=True (documented in conformance.py).
-    with warnings.catch_warnings(), pytest.raises(AttributeError, match=r"'str' object has no "
-                                                                          r"attribute 'dtype'"):
+    with (
+        warnings.catch_warnings(),
+        pytest.raises(
+            AttributeError,
+            match=r"'str' object has no "
+            r"attribute 'dtype'",
+        ),
+    ):
         warnings.simplefilter("ignore")  # "Observation is not a NumPy array" comes first
         api_test(parallel_to_aec(length_ratio_env()), num_cycles=2)
 
 
 def test_check_env_wants_a_factory_not_an_env() -> None:
-    with pytest.raises(TypeError, match=r"env_fn must be a function that builds a fresh env, got "
-                                        r"CoMLRLEnv; pass e.g. functools.partial\(CoMLRLEnv"):
+    with pytest.raises(
+        TypeError,
+        match=r"env_fn must be a function that builds a fresh env, got "
+        r"CoMLRLEnv; pass e.g. functools.partial\(CoMLRLEnv",
+    ):
         check_env(length_ratio_env())
 
 
@@ -96,9 +134,12 @@ def test_check_env_names_a_factory_that_drops_keyword_arguments() -> None:
     def env_fn() -> CoMLRLEnv:
         return length_ratio_env()
 
-    with pytest.raises(ConformanceError, match=r"render_test failed: TypeError: .*unexpected "
-                                               r"keyword argument 'render_mode'.*hint: env_fn is "
-                                               r"called as env_fn\(render_mode=mode\)") as info:
+    with pytest.raises(
+        ConformanceError,
+        match=r"render_test failed: TypeError: .*unexpected "
+        r"keyword argument 'render_mode'.*hint: env_fn is "
+        r"called as env_fn\(render_mode=mode\)",
+    ) as info:
         check_env(env_fn)
     assert info.value.check == "render_test"
     assert isinstance(info.value.__cause__, TypeError)
@@ -108,10 +149,12 @@ def test_check_env_reports_a_reward_that_cannot_take_random_completions() -> Non
     def fragile(c1: list[str], c2: list[str]) -> list[float]:
         return [len(b) / len(a) for a, b in zip(c1, c2, strict=True)]  # "" happens
 
-    env_fn = functools.partial(CoMLRLEnv, feedback_dataset(), None, fragile,
-                               max_completion_chars=2)
-    with pytest.raises(ConformanceError, match=r"failed: ZeroDivisionError: division by zero "
-                                               r"\(raised by reward_func .*fragile") as info:
+    env_fn = functools.partial(CoMLRLEnv, feedback_dataset(), None, fragile, max_completion_chars=2)
+    with pytest.raises(
+        ConformanceError,
+        match=r"failed: ZeroDivisionError: division by zero "
+        r"\(raised by reward_func .*fragile",
+    ) as info:
         check_env(env_fn, num_cycles=20)
     assert isinstance(info.value, AssertionError)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
@@ -124,8 +167,11 @@ def test_check_env_reports_hidden_state() -> None:
         return [float(next(calls))] * len(c1)
 
     env_fn = functools.partial(CoMLRLEnv, feedback_dataset(), None, counting)
-    with pytest.raises(ConformanceError, match=r"(?s)parallel_seed_test failed: AssertionError: "
-                                               r"Incorrect values for rewards.*hint: reward_func"):
+    with pytest.raises(
+        ConformanceError,
+        match=r"(?s)parallel_seed_test failed: AssertionError: "
+        r"Incorrect values for rewards.*hint: reward_func",
+    ):
         check_env(env_fn)
 
 
@@ -137,10 +183,13 @@ def test_text_contract_reports_prompts_longer_than_their_space() -> None:
 
     base = functools.partial(length_ratio_env, max_prompt_chars=10)
     env_fn = functools.partial(_lenient, base, Lenient)
-    with pytest.raises(ConformanceError, match=r"text_contract failed: episode 0, reset: the "
-                                               r"observation of agent_0 \(str, 'Write a sh.*is "
-                                               r"outside TextSpace\(min_length=0, "
-                                               r"max_length=10\).*raise max_prompt_chars"):
+    with pytest.raises(
+        ConformanceError,
+        match=r"text_contract failed: episode 0, reset: the "
+        r"observation of agent_0 \(str, 'Write a sh.*is "
+        r"outside TextSpace\(min_length=0, "
+        r"max_length=10\).*raise max_prompt_chars",
+    ):
         check_text_contract(env_fn)
     with pytest.raises(ValueError, match="more than max_prompt_chars=10"):
         check_text_contract(base)
@@ -154,8 +203,9 @@ def _lenient(base, cls, **kwargs):
 
 # -- check_task -----------------------------------------------------------------------------------
 def test_check_task_passes_on_the_one_turn_seed_task() -> None:
-    report = check_task(length_ratio_dataset(), [brief_formatter, detailed_formatter],
-                        length_ratio_reward)
+    report = check_task(
+        length_ratio_dataset(), [brief_formatter, detailed_formatter], length_ratio_reward
+    )
     assert isinstance(report, TaskReport) and report.ok
     assert report.problems == () and report.warnings == ()
     assert report.checked[:2] == (
@@ -166,36 +216,60 @@ def test_check_task_passes_on_the_one_turn_seed_task() -> None:
 
 
 def test_check_task_plays_every_turn_of_the_two_turn_seed_task() -> None:
-    report = check_task(feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-                        external_transition=length_feedback, early_termination_threshold=0.9,
-                        num_items=2)
+    report = check_task(
+        feedback_dataset(),
+        None,
+        feedback_ratio_reward,
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=0.9,
+        num_items=2,
+    )
     assert report.ok and report.warnings == ()
     assert [line.split(":")[0] for line in report.checked] == [
-        "item 0", "item 0, turn 1", "item 0, turn 2", "item 1", "item 1, turn 1",
-        "item 1, turn 2"]
+        "item 0",
+        "item 0, turn 1",
+        "item 0, turn 2",
+        "item 1",
+        "item 1, turn 1",
+        "item 1, turn 2",
+    ]
     assert report.checked[2].startswith("item 0, turn 2: 36 rewards from")
 
 
 def test_check_task_warns_when_the_default_threshold_collapses_multi_turn() -> None:
-    report = check_task(feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-                        external_transition=length_feedback)
+    report = check_task(
+        feedback_dataset(),
+        None,
+        feedback_ratio_reward,
+        num_turns=2,
+        external_transition=length_feedback,
+    )
     assert report.ok
     assert report.warnings == (
         "item 0: every sample reward exceeds early_termination_threshold=-0.2, so every branch "
         "would end after turn 1 of 2; pass early_termination_threshold=None to always play "
-        "every turn, or a threshold only good answers reach (e.g. 0.9).",)
+        "every turn, or a threshold only good answers reach (e.g. 0.9).",
+    )
 
 
 def test_check_task_lists_every_problem_of_a_formatter_returning_int() -> None:
     with pytest.raises(TaskCheckError) as info:
-        check_task(length_ratio_dataset(), [brief_formatter, lambda item: len(item["prompt"])],
-                   length_ratio_reward, num_items=2)
+        check_task(
+            length_ratio_dataset(),
+            [brief_formatter, lambda item: len(item["prompt"])],
+            length_ratio_reward,
+            num_items=2,
+        )
     report = info.value.report
     assert not report.ok and len(report.problems) == 2
     assert report.problems[0].startswith(
-        "item 0, formatter of agent_1: TypeError: the formatter of agent_1 (")
-    assert "returned int 30 on item 0; a formatter must return the prompt as a str" in \
-        report.problems[0]
+        "item 0, formatter of agent_1: TypeError: the formatter of agent_1 ("
+    )
+    assert (
+        "returned int 30 on item 0; a formatter must return the prompt as a str"
+        in report.problems[0]
+    )
     assert report.problems[1].startswith("item 1, formatter of agent_1: TypeError")
     assert isinstance(info.value, ValueError) and isinstance(info.value.__cause__, TypeError)
     assert str(info.value).startswith("check_task: 2 problem(s), 0 warning(s)\nProblems:\n")
@@ -205,9 +279,12 @@ def test_check_task_reports_a_wrong_reward_count() -> None:
     def one_reward(c1: list[str], c2: list[str]) -> list[float]:
         return [1.0]
 
-    with pytest.raises(TaskCheckError, match=r"item 0, turn 1, scoring 6 joint responses: "
-                                             r"ValueError: reward_func .*one_reward returned 1 "
-                                             r"reward\(s\) for item 0 but was given 6") as info:
+    with pytest.raises(
+        TaskCheckError,
+        match=r"item 0, turn 1, scoring 6 joint responses: "
+        r"ValueError: reward_func .*one_reward returned 1 "
+        r"reward\(s\) for item 0 but was given 6",
+    ) as info:
         check_task(length_ratio_dataset(), None, one_reward, num_items=1)
     # Scoring a single joint response works, so that check adds nothing new.
     assert len(info.value.report.problems) == 1
@@ -217,9 +294,12 @@ def test_check_task_reports_a_reward_crashing_on_empty_completions() -> None:
     def fragile(c1: list[str], c2: list[str]) -> list[float]:
         return [len(b) / len(a) for a, b in zip(c1, c2, strict=True)]
 
-    with pytest.raises(TaskCheckError, match=r"ZeroDivisionError: division by zero \(raised by "
-                                             r"reward_func .*fragile while scoring 6 joint "
-                                             r"response\(s\) of item 0\.\)"):
+    with pytest.raises(
+        TaskCheckError,
+        match=r"ZeroDivisionError: division by zero \(raised by "
+        r"reward_func .*fragile while scoring 6 joint "
+        r"response\(s\) of item 0\.\)",
+    ):
         check_task(length_ratio_dataset(), None, fragile, num_items=1)
 
 
@@ -229,23 +309,41 @@ def test_check_task_reports_binding_and_dataset_problems_together() -> None:
     problems = info.value.report.problems
     assert problems[0].startswith("binding the task: TypeError: reward_func ")
     assert "<lambda> takes 3 positional completion parameter(s)" in problems[0]
-    assert problems[1] == ("reading the dataset: ValueError: dataset is empty (0 rows); give at "
-                           "least one task item.")
+    assert problems[1] == (
+        "reading the dataset: ValueError: dataset is empty (0 rows); give at least one task item."
+    )
 
 
 def test_check_task_reports_a_bad_threshold_as_a_binding_problem() -> None:
-    with pytest.raises(TaskCheckError, match=r"binding the task: TypeError: "
-                                             r"early_termination_threshold must be a real number"):
-        check_task(feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-                   external_transition=length_feedback, early_termination_threshold="0.9")
+    with pytest.raises(
+        TaskCheckError,
+        match=r"binding the task: TypeError: "
+        r"early_termination_threshold must be a real number",
+    ):
+        check_task(
+            feedback_dataset(),
+            None,
+            feedback_ratio_reward,
+            num_turns=2,
+            external_transition=length_feedback,
+            early_termination_threshold="0.9",
+        )
 
 
 def test_check_task_reports_a_transition_returning_too_few_prompts() -> None:
-    with pytest.raises(TaskCheckError, match=r"external_transition .*<lambda> returned 1 "
-                                             r"prompt\(s\) for item 0; it must return a list of 2"):
-        check_task(feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-                   external_transition=lambda prompt, agent_completions, num_agents: [prompt],
-                   num_items=1)
+    with pytest.raises(
+        TaskCheckError,
+        match=r"external_transition .*<lambda> returned 1 "
+        r"prompt\(s\) for item 0; it must return a list of 2",
+    ):
+        check_task(
+            feedback_dataset(),
+            None,
+            feedback_ratio_reward,
+            num_turns=2,
+            external_transition=lambda prompt, agent_completions, num_agents: [prompt],
+            num_items=1,
+        )
 
 
 def test_check_task_warns_about_rewards_that_look_unintended() -> None:
@@ -266,7 +364,8 @@ def test_check_task_warns_about_rewards_that_look_unintended() -> None:
     report = check_task(feedback_dataset(), None, constant, num_items=1)
     assert report.warnings == (
         "item 0: reward_func test_check_task_warns_about_rewards_that_look_unintended.<locals>."
-        "constant gave 0.5 to every sample joint response; check that it reads the completions.",)
+        "constant gave 0.5 to every sample joint response; check that it reads the completions.",
+    )
 
 
 def test_check_task_uses_the_given_sample_completions() -> None:
@@ -279,20 +378,23 @@ def test_check_task_uses_the_given_sample_completions() -> None:
     check_task(feedback_dataset(), None, reward, num_items=1, sample_completions=["a", "bb", "c"])
     assert seen[0] == (["a", "bb", "c"], ["bb", "c", "a"])  # rotated across agents
     seen.clear()
-    check_task(feedback_dataset(), None, reward, num_items=1,
-               sample_completions=[["x", "y"], ["xx", ""]])
+    check_task(
+        feedback_dataset(), None, reward, num_items=1, sample_completions=[["x", "y"], ["xx", ""]]
+    )
     assert seen[0] == (["x", "y"], ["xx", ""])  # one list per agent, aligned
 
 
-@pytest.mark.parametrize("samples, error, message", [
-    ("abc", TypeError, r"sample_completions must be a non-empty list of str"),
-    ([], TypeError, r"sample_completions must be a non-empty list of str"),
-    ([["a"], ["b", "c"]], ValueError, r"needs 2 non-empty lists of str of equal length"),
-    ([["a"], ["b"], ["c"]], ValueError, r"needs 2 non-empty lists"),
-    (["a", ["b"]], TypeError, r"sample_completions mixes strings and lists"),
-])
-def test_check_task_rejects_bad_sample_completions(samples: Any, error: type,
-                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    "samples, error, message",
+    [
+        ("abc", TypeError, r"sample_completions must be a non-empty list of str"),
+        ([], TypeError, r"sample_completions must be a non-empty list of str"),
+        ([["a"], ["b", "c"]], ValueError, r"needs 2 non-empty lists of str of equal length"),
+        ([["a"], ["b"], ["c"]], ValueError, r"needs 2 non-empty lists"),
+        (["a", ["b"]], TypeError, r"sample_completions mixes strings and lists"),
+    ],
+)
+def test_check_task_rejects_bad_sample_completions(samples: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         check_task(feedback_dataset(), None, feedback_ratio_reward, sample_completions=samples)
 
@@ -304,7 +406,8 @@ def test_check_task_rejects_a_bad_num_items() -> None:
 
 def test_check_task_reads_a_stream_and_stops_at_its_end() -> None:
     stream = Dataset.from_dict({"prompt": ["a", "b"]}).to_iterable_dataset()
-    report = check_task(stream, None, lambda c1, c2: [math.tanh(len(a)) for a in c1],
-                        num_items=5)
+    report = check_task(stream, None, lambda c1, c2: [math.tanh(len(a)) for a in c1], num_items=5)
     assert [line for line in report.checked if "prompts" in line] == [
-        "item 0: prompts of [1, 1] characters", "item 1: prompts of [1, 1] characters"]
+        "item 0: prompts of [1, 1] characters",
+        "item 1: prompts of [1, 1] characters",
+    ]

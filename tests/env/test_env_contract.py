@@ -30,8 +30,9 @@ def play(env: CoMLRLEnv, text: str = "x") -> None:
 
 # -- agents ---------------------------------------------------------------------------------------
 def test_agents_follow_the_episode() -> None:
-    env = CoMLRLEnv(length_ratio_dataset(), [brief_formatter, detailed_formatter],
-                    length_ratio_reward)
+    env = CoMLRLEnv(
+        length_ratio_dataset(), [brief_formatter, detailed_formatter], length_ratio_reward
+    )
     assert env.possible_agents == ["agent_0", "agent_1"]
     assert env.agents == []
     env.reset()
@@ -61,8 +62,11 @@ def test_default_team_is_two_agents_reading_the_prompt_field() -> None:
 
 
 def test_formatter_count_must_match_num_agents() -> None:
-    with pytest.raises(ValueError, match=r"num_agents=2 but 3 formatters were given; give one "
-                                         r"formatter per agent"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_agents=2 but 3 formatters were given; give one "
+        r"formatter per agent",
+    ):
         CoMLRLEnv(prompts_dataset(), [str, str, str], zero_reward, num_agents=2)
 
 
@@ -151,17 +155,30 @@ class RecordingTransition:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, prompt: str, agent_completions: list[str], num_agents: int,
-                 **history: Any) -> list[str]:
-        self.calls.append({"prompt": prompt, "agent_completions": agent_completions,
-                           "num_agents": num_agents, **history})
+    def __call__(
+        self, prompt: str, agent_completions: list[str], num_agents: int, **history: Any
+    ) -> list[str]:
+        self.calls.append(
+            {
+                "prompt": prompt,
+                "agent_completions": agent_completions,
+                "num_agents": num_agents,
+                **history,
+            }
+        )
         turn = len(self.calls) + 1
         return [f"turn {turn} for agent {i}" for i in range(num_agents)]
 
 
 def three_turn_env(transition: RecordingTransition, formatters: Any) -> CoMLRLEnv:
-    return CoMLRLEnv(prompts_dataset(), formatters, zero_reward, num_turns=3,
-                     external_transition=transition, early_termination_threshold=None)
+    return CoMLRLEnv(
+        prompts_dataset(),
+        formatters,
+        zero_reward,
+        num_turns=3,
+        external_transition=transition,
+        early_termination_threshold=None,
+    )
 
 
 def test_later_turns_observe_the_transitions_prompts_through_the_formatter() -> None:
@@ -188,13 +205,23 @@ def test_transition_receives_the_branch_history_turn_by_turn() -> None:
     # Two calls: after turns 1 and 2 (the last turn needs no next prompt). Histories include the
     # turn just played; the prompt history holds the prompts the agents actually saw.
     assert transition.calls == [
-        {"prompt": "p0", "agent_completions": ["a1", "b1"], "num_agents": 2,
-         "prompt_history_per_agent": [["p0"], ["p0"]],
-         "response_history_per_agent": [["a1"], ["b1"]]},
-        {"prompt": "p0", "agent_completions": ["a2", "b2"], "num_agents": 2,
-         "prompt_history_per_agent": [["p0", "turn 2 for agent 0"],
-                                      ["p0", "turn 2 for agent 1"]],
-         "response_history_per_agent": [["a1", "a2"], ["b1", "b2"]]},
+        {
+            "prompt": "p0",
+            "agent_completions": ["a1", "b1"],
+            "num_agents": 2,
+            "prompt_history_per_agent": [["p0"], ["p0"]],
+            "response_history_per_agent": [["a1"], ["b1"]],
+        },
+        {
+            "prompt": "p0",
+            "agent_completions": ["a2", "b2"],
+            "num_agents": 2,
+            "prompt_history_per_agent": [
+                ["p0", "turn 2 for agent 0"],
+                ["p0", "turn 2 for agent 1"],
+            ],
+            "response_history_per_agent": [["a1", "a2"], ["b1", "b2"]],
+        },
     ]
 
 
@@ -205,8 +232,14 @@ def test_transition_without_history_parameters_gets_only_the_required_ones() -> 
         calls.append((prompt, agent_completions, num_agents))
         return ["next a", "next b"]
 
-    env = CoMLRLEnv(prompts_dataset(), None, zero_reward, num_turns=2,
-                    external_transition=transition, early_termination_threshold=None)
+    env = CoMLRLEnv(
+        prompts_dataset(),
+        None,
+        zero_reward,
+        num_turns=2,
+        external_transition=transition,
+        early_termination_threshold=None,
+    )
     env.reset()
     obs, *_ = env.step({"agent_0": "x", "agent_1": "y"})
     assert calls == [("p0", ["x", "y"], 2)]
@@ -224,8 +257,10 @@ def test_formatter_with_external_prompts_receives_the_transitions_prompt() -> No
     obs, _ = env.reset()
     assert obs["agent_0"] == "[None] p0"
     obs, *_ = env.step({"agent_0": "a", "agent_1": "b"})
-    assert obs == {"agent_0": "[turn 2 for agent 0] turn 2 for agent 0",
-                   "agent_1": "[turn 2 for agent 1] turn 2 for agent 1"}
+    assert obs == {
+        "agent_0": "[turn 2 for agent 0] turn 2 for agent 0",
+        "agent_1": "[turn 2 for agent 1] turn 2 for agent 1",
+    }
     assert received == [None, None, "turn 2 for agent 0", "turn 2 for agent 1"]
 
 

@@ -23,9 +23,15 @@ from cmlrl_env.tasks import (
 
 
 def two_turn_env(**kwargs: Any) -> CoMLRLEnv:
-    return CoMLRLEnv(feedback_dataset(), [brief_formatter, detailed_formatter],
-                     feedback_ratio_reward, num_turns=2, external_transition=length_feedback,
-                     early_termination_threshold=None, **kwargs)
+    return CoMLRLEnv(
+        feedback_dataset(),
+        [brief_formatter, detailed_formatter],
+        feedback_ratio_reward,
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=None,
+        **kwargs,
+    )
 
 
 SCRIPT = [("short", "a much longer answer"), ("", "x"), ("twelve chars", "1234567890" * 3)]
@@ -62,28 +68,48 @@ def test_seed_sets_the_env_rng_but_not_the_item_order() -> None:
 
 def test_multi_turn_determinism_check_passes_on_the_seed_tasks() -> None:
     check_multi_turn_determinism(two_turn_env, num_episodes=4)
-    check_multi_turn_determinism(functools.partial(
-        CoMLRLEnv, length_ratio_dataset(), [brief_formatter, detailed_formatter],
-        length_ratio_reward), num_episodes=4)
+    check_multi_turn_determinism(
+        functools.partial(
+            CoMLRLEnv,
+            length_ratio_dataset(),
+            [brief_formatter, detailed_formatter],
+            length_ratio_reward,
+        ),
+        num_episodes=4,
+    )
 
 
 def test_hidden_state_from_turn_two_on_is_caught_where_pettingzoo_misses_it() -> None:
     rng = random.Random()
 
-    def drifting_feedback(prompt: str, agent_completions: list[str], num_agents: int,
-                          prompt_history_per_agent: list[list[str]], **history: Any) -> list[str]:
+    def drifting_feedback(
+        prompt: str,
+        agent_completions: list[str],
+        num_agents: int,
+        prompt_history_per_agent: list[list[str]],
+        **history: Any,
+    ) -> list[str]:
         # Unseeded randomness, but only in the prompts of turn 3.
         late = len(prompt_history_per_agent[0]) >= 2
         return [prompt + (f" (hint {rng.random():.6f})" if late else "")] * num_agents
 
     def env_fn(**kwargs: Any) -> CoMLRLEnv:
-        return CoMLRLEnv(feedback_dataset(), None, feedback_ratio_reward, num_turns=3,
-                         external_transition=drifting_feedback,
-                         early_termination_threshold=None, **kwargs)
+        return CoMLRLEnv(
+            feedback_dataset(),
+            None,
+            feedback_ratio_reward,
+            num_turns=3,
+            external_transition=drifting_feedback,
+            early_termination_threshold=None,
+            **kwargs,
+        )
 
     parallel_seed_test(env_fn, num_cycles=10)  # PettingZoo 1.27 compares only the first step
-    with pytest.raises(ConformanceError, match=r"episode 0, turn 2: observations differ between "
-                                               r"two fresh envs") as info:
+    with pytest.raises(
+        ConformanceError,
+        match=r"episode 0, turn 2: observations differ between "
+        r"two fresh envs",
+    ) as info:
         check_multi_turn_determinism(env_fn)
     assert "must depend only on their arguments" in str(info.value)
 
@@ -92,8 +118,9 @@ def test_unseeded_randomness_in_the_reward_is_caught() -> None:
     rng = random.Random()
 
     def env_fn(**kwargs: Any) -> CoMLRLEnv:
-        return CoMLRLEnv(feedback_dataset(), None, lambda c1, c2: [rng.random() for _ in c1],
-                         **kwargs)
+        return CoMLRLEnv(
+            feedback_dataset(), None, lambda c1, c2: [rng.random() for _ in c1], **kwargs
+        )
 
     with pytest.raises(ConformanceError, match=r"episode 0, turn 1: rewards differ"):
         check_multi_turn_determinism(env_fn)
@@ -117,14 +144,16 @@ def test_group_tree_equals_plain_env_episodes_along_each_branch() -> None:
             plain = two_turn_env()
             obs, _ = plain.reset(options={"index": 1})
             assert tuple(obs.values()) == root.prompts
-            obs, rewards, terms, truncs, _ = plain.step(dict(zip(plain.agents, joint_1,
-                                                                 strict=True)))
+            obs, rewards, terms, truncs, _ = plain.step(
+                dict(zip(plain.agents, joint_1, strict=True))
+            )
             assert tuple(obs.values()) == children[b].prompts
             assert rewards["agent_0"] == first[b].reward
-            assert (terms["agent_0"], truncs["agent_0"]) == (first[b].terminated,
-                                                             first[b].truncated)
-            _, rewards, terms, truncs, _ = plain.step(dict(zip(plain.agents, joint_2,
-                                                               strict=True)))
+            assert (terms["agent_0"], truncs["agent_0"]) == (
+                first[b].terminated,
+                first[b].truncated,
+            )
+            _, rewards, terms, truncs, _ = plain.step(dict(zip(plain.agents, joint_2, strict=True)))
             assert rewards["agent_0"] == second[b][j].reward
             assert (terms["agent_0"], truncs["agent_0"]) == (False, True)
             assert second[b][j].truncated and second[b][j].next_state is None

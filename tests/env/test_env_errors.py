@@ -31,23 +31,38 @@ def two_rewards(c1: list[str], c2: list[str]) -> list[float]:
     return [1.0, 1.0]
 
 
-@pytest.mark.parametrize("reward, error, message", [
-    (two_rewards, ValueError,
-     r"reward_func two_rewards returned 2 reward\(s\) for item 0 but was given 1 joint "
-     r"response\(s\); return exactly one reward per joint response"),
-    (lambda c1, c2: ["high"], TypeError,
-     r"reward_func <lambda> returned 'high' \(str\) at position 0 for item 0; every reward "
-     r"must be a real number"),
-    (lambda c1, c2: [None], TypeError, r"returned None \(NoneType\) at position 0"),
-    (lambda c1, c2: [True], TypeError, r"returned True \(bool\) at position 0"),
-    (lambda c1, c2: [math.nan], ValueError,
-     r"returned nan at position 0 for item 0; rewards must be finite \(no NaN or inf\)"),
-    (lambda c1, c2: [math.inf], ValueError, r"returned inf at position 0"),
-    (lambda c1, c2: 1.0, TypeError,
-     r"returned float 1.0 for item 0; it must return a list with one float per joint "
-     r"response \(1\)"),
-    (lambda c1, c2: "1.0", TypeError, r"returned str '1.0'"),
-])
+@pytest.mark.parametrize(
+    "reward, error, message",
+    [
+        (
+            two_rewards,
+            ValueError,
+            r"reward_func two_rewards returned 2 reward\(s\) for item 0 but was given 1 joint "
+            r"response\(s\); return exactly one reward per joint response",
+        ),
+        (
+            lambda c1, c2: ["high"],
+            TypeError,
+            r"reward_func <lambda> returned 'high' \(str\) at position 0 for item 0; every reward "
+            r"must be a real number",
+        ),
+        (lambda c1, c2: [None], TypeError, r"returned None \(NoneType\) at position 0"),
+        (lambda c1, c2: [True], TypeError, r"returned True \(bool\) at position 0"),
+        (
+            lambda c1, c2: [math.nan],
+            ValueError,
+            r"returned nan at position 0 for item 0; rewards must be finite \(no NaN or inf\)",
+        ),
+        (lambda c1, c2: [math.inf], ValueError, r"returned inf at position 0"),
+        (
+            lambda c1, c2: 1.0,
+            TypeError,
+            r"returned float 1.0 for item 0; it must return a list with one float per joint "
+            r"response \(1\)",
+        ),
+        (lambda c1, c2: "1.0", TypeError, r"returned str '1.0'"),
+    ],
+)
 def test_bad_reward_results_are_explained(reward: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         step_once(env_with(reward))
@@ -66,7 +81,8 @@ def test_a_type_error_inside_the_reward_propagates_unchanged_and_is_not_retried(
     assert len(calls) == 1
     assert info.value.__notes__ == [
         "raised by reward_func test_a_type_error_inside_the_reward_propagates_unchanged_and_is_"
-        "not_retried.<locals>.reward while scoring 1 joint response(s) of item 0."]
+        "not_retried.<locals>.reward while scoring 1 joint response(s) of item 0."
+    ]
 
 
 def test_the_users_own_exception_type_propagates_with_context() -> None:
@@ -81,22 +97,34 @@ def test_the_users_own_exception_type_propagates_with_context() -> None:
     assert "raised by reward_func" in info.value.__notes__[0]
 
 
-@pytest.mark.parametrize("reward, message", [
-    (lambda c1: [0.0], r"reward_func <lambda> takes 1 positional completion parameter\(s\) "
-                       r"\(c1\) but the env has 2 agent\(s\); .* e.g. def reward_func\(c1, c2, \*, "
-                       r"batch_items=None\)"),
-    (lambda c1, c2, c3: [0.0], r"takes 3 positional completion parameter\(s\) \(c1, c2, c3\)"),
-    (lambda c1, c2, *, judge: [0.0], r"requires keyword argument\(s\) \['judge'\] that the env "
-                                     r"never passes; .* Give them defaults or remove them"),
-])
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        (
+            lambda c1: [0.0],
+            r"reward_func <lambda> takes 1 positional completion parameter\(s\) "
+            r"\(c1\) but the env has 2 agent\(s\); .* e.g. def reward_func\(c1, c2, \*, "
+            r"batch_items=None\)",
+        ),
+        (lambda c1, c2, c3: [0.0], r"takes 3 positional completion parameter\(s\) \(c1, c2, c3\)"),
+        (
+            lambda c1, c2, *, judge: [0.0],
+            r"requires keyword argument\(s\) \['judge'\] that the env "
+            r"never passes; .* Give them defaults or remove them",
+        ),
+    ],
+)
 def test_reward_signature_must_fit_the_team(reward: Any, message: str) -> None:
     with pytest.raises(TypeError, match=message):
         env_with(reward)
 
 
 def test_reward_func_is_required_and_callable() -> None:
-    with pytest.raises(TypeError, match=r"CoMLRLEnv needs reward_func: CoMLRLEnv\(dataset, "
-                                        r"formatters, reward_func\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"CoMLRLEnv needs reward_func: CoMLRLEnv\(dataset, "
+        r"formatters, reward_func\)",
+    ):
         CoMLRLEnv(items(), None)
     with pytest.raises(TypeError, match=r"reward_func must be callable, got 'reward'"):
         CoMLRLEnv(items(), None, "reward")
@@ -104,8 +132,11 @@ def test_reward_func_is_required_and_callable() -> None:
 
 # -- formatters -----------------------------------------------------------------------------------
 def test_formatter_returning_a_non_string_is_explained() -> None:
-    with pytest.raises(TypeError, match=r"the formatter of agent_1 \(.*<lambda>\) returned int 7 "
-                                        r"on item 0; a formatter must return the prompt as a str"):
+    with pytest.raises(
+        TypeError,
+        match=r"the formatter of agent_1 \(.*<lambda>\) returned int 7 "
+        r"on item 0; a formatter must return the prompt as a str",
+    ):
         env_with(formatters=[str, lambda item: 7]).reset()
 
 
@@ -117,22 +148,29 @@ def test_formatter_reading_a_missing_field_names_the_fields() -> None:
         env_with(formatters=formatter).reset()
     assert info.value.__notes__ == [
         "raised by the formatter of agent_0 (test_formatter_reading_a_missing_field_names_the_"
-        "fields.<locals>.formatter) on item 0; the item's fields are ['answer', 'prompt']."]
+        "fields.<locals>.formatter) on item 0; the item's fields are ['answer', 'prompt']."
+    ]
 
 
 def test_default_formatter_needs_a_prompt_field() -> None:
     env = CoMLRLEnv(Dataset.from_dict({"question": ["q"]}), None, lambda c1, c2: [0.0])
-    with pytest.raises(KeyError, match=r"the default formatter reads the 'prompt' field, but the "
-                                       r"item has only \['question'\]; add a 'prompt' column or "
-                                       r"pass formatters="):
+    with pytest.raises(
+        KeyError,
+        match=r"the default formatter reads the 'prompt' field, but the "
+        r"item has only \['question'\]; add a 'prompt' column or "
+        r"pass formatters=",
+    ):
         env.reset()
 
 
 def test_formatters_must_be_callables() -> None:
     with pytest.raises(TypeError, match=r"formatters\[1\] is 'brief', which is not callable"):
         env_with(formatters=[str, "brief"])
-    with pytest.raises(TypeError, match=r"formatters must be None, a callable, or a list of "
-                                        r"callables; got int"):
+    with pytest.raises(
+        TypeError,
+        match=r"formatters must be None, a callable, or a list of "
+        r"callables; got int",
+    ):
         env_with(formatters=3, num_agents=2)
 
 
@@ -141,35 +179,58 @@ def two_turns(transition: Any) -> CoMLRLEnv:
     return env_with(num_turns=2, external_transition=transition, early_termination_threshold=None)
 
 
-@pytest.mark.parametrize("transition, error, message", [
-    (lambda prompt, agent_completions, num_agents: ["only one"], ValueError,
-     r"external_transition <lambda> returned 1 prompt\(s\) for item 0; it must return a list of "
-     r"2 strings, one per agent"),
-    (lambda prompt, agent_completions, num_agents: "one string", ValueError,
-     r"returned str prompt\(s\)"),
-    (lambda prompt, agent_completions, num_agents: ["ok", 3], TypeError,
-     r"external_transition <lambda> returned int for agent_1 on item 0; each prompt must be a "
-     r"str"),
-])
+@pytest.mark.parametrize(
+    "transition, error, message",
+    [
+        (
+            lambda prompt, agent_completions, num_agents: ["only one"],
+            ValueError,
+            r"external_transition <lambda> returned 1 prompt\(s\) for item 0; it must return a "
+            r"list of 2 strings, one per agent",
+        ),
+        (
+            lambda prompt, agent_completions, num_agents: "one string",
+            ValueError,
+            r"returned str prompt\(s\)",
+        ),
+        (
+            lambda prompt, agent_completions, num_agents: ["ok", 3],
+            TypeError,
+            r"external_transition <lambda> returned int for agent_1 on item 0; each prompt must be "
+            r"a str",
+        ),
+    ],
+)
 def test_bad_transition_results_are_explained(transition: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         step_once(two_turns(transition))
 
 
 def test_transition_must_accept_the_documented_arguments() -> None:
-    with pytest.raises(TypeError, match=r"external_transition .*<lambda> does not accept "
-                                        r"\['agent_completions', 'num_agents'\]; .* def "
-                                        r"transition\(prompt, agent_completions, num_agents, "
-                                        r"\*\*history\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"external_transition .*<lambda> does not accept "
+        r"\['agent_completions', 'num_agents'\]; .* def "
+        r"transition\(prompt, agent_completions, num_agents, "
+        r"\*\*history\)",
+    ):
         two_turns(lambda prompt: [prompt, prompt])
 
 
 def test_transition_needs_a_prompt_field() -> None:
-    env = CoMLRLEnv(Dataset.from_dict({"question": ["q"]}), lambda item: item["question"],
-                    lambda c1, c2: [0.0], num_turns=2, external_transition=length_feedback,
-                    early_termination_threshold=None)
-    with pytest.raises(KeyError, match=r"external_transition receives prompt=item\['prompt'\], "
-                                       r"but item 0 has only \['question'\]"):
+    env = CoMLRLEnv(
+        Dataset.from_dict({"question": ["q"]}),
+        lambda item: item["question"],
+        lambda c1, c2: [0.0],
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=None,
+    )
+    with pytest.raises(
+        KeyError,
+        match=r"external_transition receives prompt=item\['prompt'\], "
+        r"but item 0 has only \['question'\]",
+    ):
         step_once(env)
 
 
@@ -181,23 +242,32 @@ def test_num_turns_must_be_a_positive_int(num_turns: Any) -> None:
 
 @pytest.mark.parametrize("threshold", ["0.9", math.nan, True])
 def test_early_termination_threshold_must_be_a_number_or_none(threshold: Any) -> None:
-    with pytest.raises(TypeError, match=r"early_termination_threshold must be a real number or "
-                                        r"None, got .*; e.g. 0.9 to end a branch"):
+    with pytest.raises(
+        TypeError,
+        match=r"early_termination_threshold must be a real number or "
+        r"None, got .*; e.g. 0.9 to end a branch",
+    ):
         env_with(early_termination_threshold=threshold)
 
 
 def test_more_than_one_turn_needs_a_transition() -> None:
-    with pytest.raises(ValueError, match=r"num_turns=2 needs external_transition to build the "
-                                         r"prompts of turns 2 and later; pass "
-                                         r"external_transition=f\(prompt, agent_completions, "
-                                         r"num_agents, \*\*history\) or use num_turns=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_turns=2 needs external_transition to build the "
+        r"prompts of turns 2 and later; pass "
+        r"external_transition=f\(prompt, agent_completions, "
+        r"num_agents, \*\*history\) or use num_turns=1",
+    ):
         env_with(num_turns=2)
 
 
 # -- dataset and team -----------------------------------------------------------------------------
 def test_empty_dataset_is_rejected() -> None:
-    with pytest.raises(ValueError, match=r"dataset is empty \(0 rows\); give at least one task "
-                                         r"item"):
+    with pytest.raises(
+        ValueError,
+        match=r"dataset is empty \(0 rows\); give at least one task "
+        r"item",
+    ):
         CoMLRLEnv(Dataset.from_dict({"prompt": []}), None, lambda c1, c2: [0.0])
 
 
@@ -209,9 +279,12 @@ def test_empty_stream_is_rejected_at_reset() -> None:
 
 
 def test_dataset_must_be_a_hugging_face_dataset() -> None:
-    with pytest.raises(TypeError, match=r"dataset must be a datasets.Dataset or "
-                                        r"datasets.IterableDataset, got list; build one with "
-                                        r"Dataset.from_dict"):
+    with pytest.raises(
+        TypeError,
+        match=r"dataset must be a datasets.Dataset or "
+        r"datasets.IterableDataset, got list; build one with "
+        r"Dataset.from_dict",
+    ):
         CoMLRLEnv([{"prompt": "p"}], None, lambda c1, c2: [0.0])
 
 
@@ -226,13 +299,20 @@ def test_agent_count_mismatch_between_formatters_and_num_agents() -> None:
         env_with(formatters=[str, str], num_agents=3)
 
 
-@pytest.mark.parametrize("options, error, message", [
-    ({"index": 5}, IndexError, r"index 5 is outside dataset \(0..1\); pass an int in range"),
-    ({"index": "0"}, IndexError, r"index '0' is outside dataset"),
-    ({"index": 0, "item": {"prompt": "p"}}, ValueError, r"reset options take 'index' or 'item', "
-                                                         r"not both"),
-    ({"item": "p"}, TypeError, r"options\['item'\] must be a dict task item, got str"),
-])
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"index": 5}, IndexError, r"index 5 is outside dataset \(0..1\); pass an int in range"),
+        ({"index": "0"}, IndexError, r"index '0' is outside dataset"),
+        (
+            {"index": 0, "item": {"prompt": "p"}},
+            ValueError,
+            r"reset options take 'index' or 'item', "
+            r"not both",
+        ),
+        ({"item": "p"}, TypeError, r"options\['item'\] must be a dict task item, got str"),
+    ],
+)
 def test_bad_reset_options_are_explained(options: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         env_with().reset(options=options)
@@ -246,39 +326,59 @@ def test_text_limits_must_be_positive_ints(name: str) -> None:
 
 # -- stepping -------------------------------------------------------------------------------------
 def test_step_before_reset_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match=r"step\(\) was called before reset\(\); call "
-                                           r"env.reset\(\) first"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"step\(\) was called before reset\(\); call "
+        r"env.reset\(\) first",
+    ):
         env_with().step({"agent_0": "x", "agent_1": "y"})
 
 
 def test_step_after_the_episode_ended_is_an_error() -> None:
     env = env_with()
     step_once(env)
-    with pytest.raises(RuntimeError, match=r"step\(\) was called after the episode ended "
-                                           r"\(env.agents is empty\); call env.reset\(\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"step\(\) was called after the episode ended "
+        r"\(env.agents is empty\); call env.reset\(\)",
+    ):
         env.step({"agent_0": "x", "agent_1": "y"})
 
 
-@pytest.mark.parametrize("actions, message", [
-    ({"agent_0": "x"}, r"unknown: \[\], missing: \['agent_1'\]"),
-    ({"agent_0": "x", "agent_1": "y", "agent_7": "z"}, r"unknown: \['agent_7'\], missing: \[\]"),
-    ({"agent_0": "x", "bob": "y"}, r"unknown: \['bob'\], missing: \['agent_1'\]"),
-])
+@pytest.mark.parametrize(
+    "actions, message",
+    [
+        ({"agent_0": "x"}, r"unknown: \[\], missing: \['agent_1'\]"),
+        (
+            {"agent_0": "x", "agent_1": "y", "agent_7": "z"},
+            r"unknown: \['agent_7'\], missing: \[\]",
+        ),
+        ({"agent_0": "x", "bob": "y"}, r"unknown: \['bob'\], missing: \['agent_1'\]"),
+    ],
+)
 def test_actions_must_cover_exactly_the_live_agents(actions: dict, message: str) -> None:
     env = env_with()
     env.reset()
-    with pytest.raises(KeyError, match=r"actions must hold exactly the live agents "
-                                       r"\['agent_0', 'agent_1'\]; " + message):
+    with pytest.raises(
+        KeyError,
+        match=r"actions must hold exactly the live agents "
+        r"\['agent_0', 'agent_1'\]; " + message,
+    ):
         env.step(actions)
 
 
-@pytest.mark.parametrize("action, shown", [(3, "int 3"), (None, "NoneType None"),
-                                           (["x"], r"list \['x'\]"), (b"x", "bytes b'x'")])
+@pytest.mark.parametrize(
+    "action, shown",
+    [(3, "int 3"), (None, "NoneType None"), (["x"], r"list \['x'\]"), (b"x", "bytes b'x'")],
+)
 def test_actions_must_be_strings(action: Any, shown: str) -> None:
     env = env_with()
     env.reset()
-    with pytest.raises(TypeError, match=rf"the action of agent_1 must be a completion str, got "
-                                        rf"{shown}"):
+    with pytest.raises(
+        TypeError,
+        match=rf"the action of agent_1 must be a completion str, got "
+        rf"{shown}",
+    ):
         env.step({"agent_0": "x", "agent_1": action})
 
 
@@ -292,25 +392,37 @@ def test_actions_must_be_a_dict() -> None:
 def test_too_long_action_names_the_limit() -> None:
     env = env_with(max_completion_chars=5)
     env.reset()
-    with pytest.raises(ValueError, match=r"the action of agent_0 has 6 characters, more than "
-                                         r"max_completion_chars=5"):
+    with pytest.raises(
+        ValueError,
+        match=r"the action of agent_0 has 6 characters, more than "
+        r"max_completion_chars=5",
+    ):
         env.step({"agent_0": "x" * 6, "agent_1": "y"})
 
 
 def test_group_step_checks_its_arguments() -> None:
     task = Task(None, lambda c1, c2: [0.0] * len(c1))
     root = task.initial_state({"prompt": "p"}, 0)
-    with pytest.raises(ValueError, match=r"joint_actions\[0\]\[0\] must hold one completion per "
-                                         r"agent \(2\), got \('x',\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"joint_actions\[0\]\[0\] must hold one completion per "
+        r"agent \(2\), got \('x',\)",
+    ):
         task.step_group([root], [[("x",)]])
-    with pytest.raises(ValueError, match=r"one list of joint actions per state; got 1 state\(s\) "
-                                         r"and 2 list\(s\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"one list of joint actions per state; got 1 state\(s\) "
+        r"and 2 list\(s\)",
+    ):
         task.step_group([root], [[("x", "y")], [("x", "y")]])
     with pytest.raises(ValueError, match=r"joint_actions\[0\] is empty"):
         task.step_group([root], [[]])
     other = task.initial_state({"prompt": "q"}, 1)
-    with pytest.raises(ValueError, match=r"states\[1\] holds item 1, not 0; call it once per "
-                                         r"item"):
+    with pytest.raises(
+        ValueError,
+        match=r"states\[1\] holds item 1, not 0; call it once per "
+        r"item",
+    ):
         task.step_group([root, other], [[("x", "y")], [("x", "y")]])
     done = task.step_group([root], [[("x", "y")]])[0][0]
     assert done.next_state is None
@@ -321,8 +433,15 @@ def test_prompt_longer_than_max_prompt_chars_is_an_error():
 
     from cmlrl_env import CoMLRLEnv
 
-    env = CoMLRLEnv(Dataset.from_dict({"prompt": ["x" * 20]}), None,
-                    lambda a, b: [0.0] * len(a), max_prompt_chars=10)
-    with pytest.raises(ValueError, match=r"the prompt of agent_0 at turn 1 of item 0 has 20 "
-                                         r"characters, more than max_prompt_chars=10"):
+    env = CoMLRLEnv(
+        Dataset.from_dict({"prompt": ["x" * 20]}),
+        None,
+        lambda a, b: [0.0] * len(a),
+        max_prompt_chars=10,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"the prompt of agent_0 at turn 1 of item 0 has 20 "
+        r"characters, more than max_prompt_chars=10",
+    ):
         env.reset()

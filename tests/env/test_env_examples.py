@@ -11,10 +11,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(name: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / name)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -29,10 +37,14 @@ def test_custom_loop_prints_the_rewards_of_each_policy() -> None:
 
 def test_pettingzoo_tools_runs_the_checks_the_aec_loop_and_the_wrappers() -> None:
     out = run_example("pettingzoo_tools.py")
-    assert out.startswith("check_env passed: parallel_api_test, parallel_seed_test, render_test, "
-                          "api_test(dict_observations=True), state_test, "
-                          "multi_turn_determinism, text_contract\n")
+    assert out.startswith(
+        "check_env passed: parallel_api_test, parallel_seed_test, render_test, "
+        "api_test(dict_observations=True), state_test, "
+        "multi_turn_determinism, text_contract\n"
+    )
     assert "AEC agent_1 turn 2: 38 characters, previous turn's reward 0.327" in out
     assert "AEC agent_1 done after turn 2, last reward 1.000" in out
-    assert out.rstrip().endswith("MultiEpisodeParallelEnv: 8 turns over 4 task items, rewards "
-                                 "0.368, 1.000, 0.368, 1.000, 0.368, 1.000, 0.368, 1.000")
+    assert out.rstrip().endswith(
+        "MultiEpisodeParallelEnv: 8 turns over 4 task items, rewards "
+        "0.368, 1.000, 0.368, 1.000, 0.368, 1.000, 0.368, 1.000"
+    )

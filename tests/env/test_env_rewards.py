@@ -39,12 +39,16 @@ def test_seed_length_ratio_reward_is_exp_of_minus_distance() -> None:
     item = {"target_min": 2.0, "target_max": 3.0}
     # ratio 4 lies 1 above the band, ratio 1 lies 1 below it.
     assert length_ratio_reward(["ab", "ab"], ["abcdefgh", "ab"], batch_items=[item]) == [
-        pytest.approx(math.exp(-1.0)), pytest.approx(math.exp(-1.0))]
+        pytest.approx(math.exp(-1.0)),
+        pytest.approx(math.exp(-1.0)),
+    ]
 
 
 def test_seed_two_turn_reward_and_feedback() -> None:
     assert feedback_ratio_reward(["Hi", "abcd"], ["Hello", "a"]) == [
-        1.0, pytest.approx(math.exp(-1.75))]
+        1.0,
+        pytest.approx(math.exp(-1.75)),
+    ]
     prompts = length_feedback("Describe.", ["ab", "abcde"], 2)
     assert prompts[0].startswith("Describe.\n\nYour last answer had 2 characters.")
     assert "2.5 times as long" in prompts[1] and "5 characters" in prompts[1]
@@ -71,10 +75,13 @@ def var_keyword(c1: list[str], c2: list[str], **kwargs: Any) -> list[float]:
     return [1.0] * len(c1)
 
 
-@pytest.mark.parametrize("reward, gets_items", [
-    (keyword_only, True), (defaulted, True), (var_keyword, True), (positional_only, False)])
-def test_every_signature_form_gets_the_completions_and_batch_items(reward: Any,
-                                                                   gets_items: bool) -> None:
+@pytest.mark.parametrize(
+    "reward, gets_items",
+    [(keyword_only, True), (defaulted, True), (var_keyword, True), (positional_only, False)],
+)
+def test_every_signature_form_gets_the_completions_and_batch_items(
+    reward: Any, gets_items: bool
+) -> None:
     env = CoMLRLEnv(items(), None, reward)
     env.reset()
     env.step({"agent_0": "first", "agent_1": "second"})
@@ -107,8 +114,13 @@ class CountingReward:
 
 def test_one_reward_call_scores_every_joint_action_of_a_group() -> None:
     reward = CountingReward()
-    task = Task(None, reward, num_turns=2, external_transition=length_feedback,
-                early_termination_threshold=None)
+    task = Task(
+        None,
+        reward,
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=None,
+    )
     root = task.initial_state({"prompt": "p"}, 0)
     first = task.step_group([root], [[("a", "bb"), ("ccc", "d")]])
     assert len(reward.calls) == 1
@@ -123,8 +135,14 @@ def test_one_reward_call_scores_every_joint_action_of_a_group() -> None:
 
 def test_the_plain_env_calls_the_reward_once_per_step() -> None:
     reward = CountingReward()
-    env = CoMLRLEnv(items(), None, reward, num_turns=2, external_transition=length_feedback,
-                    early_termination_threshold=None)
+    env = CoMLRLEnv(
+        items(),
+        None,
+        reward,
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=None,
+    )
     env.reset()
     env.step({"agent_0": "a", "agent_1": "b"})
     env.step({"agent_0": "a", "agent_1": "b"})
@@ -147,18 +165,30 @@ def test_numpy_rewards_are_accepted_as_floats() -> None:
 
 
 # -- reward processors ----------------------------------------------------------------------------
-@pytest.mark.parametrize("processor, raw, expected", [
-    (RewardProcessors.identity(), 0.5, 0.5),
-    (RewardProcessors.scale(factor=10.0), 0.5, 5.0),
-    (RewardProcessors.shift(value=-1.0), 0.5, -0.5),
-    (RewardProcessors.clip(low=0.0, high=0.3), 0.5, 0.3),
-    (RewardProcessors.clip(low=0.7), 0.5, 0.7),
-    (RewardProcessors.compose(RewardProcessors.scale(2.0), RewardProcessors.shift(1.0)), 0.5, 2.0),
-    (RewardProcessors.compose(RewardProcessors.shift(1.0), RewardProcessors.scale(2.0)), 0.5, 3.0),
-    (lambda r: r ** 2, 0.5, 0.25),
-])
-def test_reward_processor_transforms_rewards_and_keeps_the_raw_one(processor: Any, raw: float,
-                                                                   expected: float) -> None:
+@pytest.mark.parametrize(
+    "processor, raw, expected",
+    [
+        (RewardProcessors.identity(), 0.5, 0.5),
+        (RewardProcessors.scale(factor=10.0), 0.5, 5.0),
+        (RewardProcessors.shift(value=-1.0), 0.5, -0.5),
+        (RewardProcessors.clip(low=0.0, high=0.3), 0.5, 0.3),
+        (RewardProcessors.clip(low=0.7), 0.5, 0.7),
+        (
+            RewardProcessors.compose(RewardProcessors.scale(2.0), RewardProcessors.shift(1.0)),
+            0.5,
+            2.0,
+        ),
+        (
+            RewardProcessors.compose(RewardProcessors.shift(1.0), RewardProcessors.scale(2.0)),
+            0.5,
+            3.0,
+        ),
+        (lambda r: r**2, 0.5, 0.25),
+    ],
+)
+def test_reward_processor_transforms_rewards_and_keeps_the_raw_one(
+    processor: Any, raw: float, expected: float
+) -> None:
     env = CoMLRLEnv(items(), None, lambda c1, c2: [raw], reward_processor=processor)
     env.reset()
     _, rewards, _, _, infos = env.step({"agent_0": "x", "agent_1": "y"})
@@ -167,33 +197,52 @@ def test_reward_processor_transforms_rewards_and_keeps_the_raw_one(processor: An
 
 
 def test_processors_have_readable_names() -> None:
-    composed = RewardProcessors.compose(RewardProcessors.scale(factor=10.0),
-                                        RewardProcessors.clip(low=0.0, high=1.0))
+    composed = RewardProcessors.compose(
+        RewardProcessors.scale(factor=10.0), RewardProcessors.clip(low=0.0, high=1.0)
+    )
     assert repr(composed) == "compose(scale(factor=10.0), clip(low=0.0, high=1.0))"
 
 
 def test_processor_output_must_be_finite() -> None:
-    env = CoMLRLEnv(items(), None, lambda c1, c2: [0.0], reward_processor=lambda r: math.log(r)
-                    if r > 0 else float("nan"))
+    env = CoMLRLEnv(
+        items(),
+        None,
+        lambda c1, c2: [0.0],
+        reward_processor=lambda r: math.log(r) if r > 0 else float("nan"),
+    )
     env.reset()
-    with pytest.raises(ValueError, match=r"reward_processor .* turned reward 0.0 into nan; it "
-                                         r"must return a finite real number"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward_processor .* turned reward 0.0 into nan; it "
+        r"must return a finite real number",
+    ):
         env.step({"agent_0": "x", "agent_1": "y"})
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: RewardProcessors.scale(factor=float("inf")), r"factor must be a finite real number"),
-    (lambda: RewardProcessors.shift(value="1"), r"value must be a finite real number, got '1'"),
-    (lambda: RewardProcessors.clip(low=1.0, high=0.0), r"clip needs low <= high, got low=1.0"),
-    (lambda: RewardProcessors.compose(RewardProcessors.scale(2.0), 3),
-     r"compose argument 1 is 3, which is not callable"),
-])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: RewardProcessors.scale(factor=float("inf")),
+            r"factor must be a finite real number",
+        ),
+        (lambda: RewardProcessors.shift(value="1"), r"value must be a finite real number, got '1'"),
+        (lambda: RewardProcessors.clip(low=1.0, high=0.0), r"clip needs low <= high, got low=1.0"),
+        (
+            lambda: RewardProcessors.compose(RewardProcessors.scale(2.0), 3),
+            r"compose argument 1 is 3, which is not callable",
+        ),
+    ],
+)
 def test_processor_arguments_are_checked(build: Any, message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         build()
 
 
 def test_reward_processor_must_be_callable() -> None:
-    with pytest.raises(TypeError, match=r"reward_processor must be callable float -> float, "
-                                        r"got 10"):
+    with pytest.raises(
+        TypeError,
+        match=r"reward_processor must be callable float -> float, "
+        r"got 10",
+    ):
         CoMLRLEnv(items(), None, lambda c1, c2: [0.0], reward_processor=10)

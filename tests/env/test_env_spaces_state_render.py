@@ -15,8 +15,9 @@ UNICODE = "naïve café 🙂 中文"
 
 
 def make_env(**kwargs: object) -> CoMLRLEnv:
-    return CoMLRLEnv(Dataset.from_dict({"prompt": ["Say hi."]}), None,
-                     lambda c1, c2: [0.5] * len(c1), **kwargs)
+    return CoMLRLEnv(
+        Dataset.from_dict({"prompt": ["Say hi."]}), None, lambda c1, c2: [0.5] * len(c1), **kwargs
+    )
 
 
 # -- spaces ---------------------------------------------------------------------------------------
@@ -78,27 +79,38 @@ def test_dict_observation_space_wraps_the_prompt_space() -> None:
 
 # -- state ----------------------------------------------------------------------------------------
 def test_state_is_the_joint_transcript() -> None:
-    env = CoMLRLEnv(Dataset.from_dict({"prompt": ["Say hi."]}), None, lambda c1, c2: [0.0],
-                    num_turns=2, external_transition=lambda prompt, agent_completions,
-                    num_agents: ["again 0", "again 1"], early_termination_threshold=None)
+    env = CoMLRLEnv(
+        Dataset.from_dict({"prompt": ["Say hi."]}),
+        None,
+        lambda c1, c2: [0.0],
+        num_turns=2,
+        external_transition=lambda prompt, agent_completions, num_agents: ["again 0", "again 1"],
+        early_termination_threshold=None,
+    )
     env.reset()
-    assert env.state() == ("[agent_0 turn 1 prompt]\nSay hi.\n\n"
-                           "[agent_1 turn 1 prompt]\nSay hi.")
+    assert env.state() == ("[agent_0 turn 1 prompt]\nSay hi.\n\n[agent_1 turn 1 prompt]\nSay hi.")
     env.step({"agent_0": "hi", "agent_1": "hello"})
     env.step({"agent_0": "hi!", "agent_1": "hello!"})
     assert env.state() == (
         "[agent_0 turn 1 prompt]\nSay hi.\n\n[agent_0 turn 1 response]\nhi\n\n"
         "[agent_0 turn 2 prompt]\nagain 0\n\n[agent_0 turn 2 response]\nhi!\n\n"
         "[agent_1 turn 1 prompt]\nSay hi.\n\n[agent_1 turn 1 response]\nhello\n\n"
-        "[agent_1 turn 2 prompt]\nagain 1\n\n[agent_1 turn 2 response]\nhello!")
+        "[agent_1 turn 2 prompt]\nagain 1\n\n[agent_1 turn 2 response]\nhello!"
+    )
     assert env.state_space.contains(env.state())
 
 
 def test_state_space_holds_the_longest_transcript() -> None:
-    env = CoMLRLEnv(Dataset.from_dict({"prompt": ["p" * 10]}), None, lambda c1, c2: [0.0],
-                    num_turns=2, external_transition=length_feedback,
-                    early_termination_threshold=None, max_prompt_chars=400,
-                    max_completion_chars=10)
+    env = CoMLRLEnv(
+        Dataset.from_dict({"prompt": ["p" * 10]}),
+        None,
+        lambda c1, c2: [0.0],
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=None,
+        max_prompt_chars=400,
+        max_completion_chars=10,
+    )
     env.reset()
     env.step({"agent_0": "a" * 10, "agent_1": "b" * 10})
     env.step({"agent_0": "a" * 10, "agent_1": "b" * 10})
@@ -107,8 +119,11 @@ def test_state_space_holds_the_longest_transcript() -> None:
 
 
 def test_state_before_reset_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match=r"state\(\) was called before reset\(\); call "
-                                           r"env.reset\(\) first"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"state\(\) was called before reset\(\); call "
+        r"env.reset\(\) first",
+    ):
         make_env().state()
 
 
@@ -139,6 +154,9 @@ def test_render_without_a_mode_returns_none() -> None:
 
 
 def test_unsupported_render_mode_is_an_error() -> None:
-    with pytest.raises(ValueError, match=r"render_mode='rgb_array' is not supported; choose one "
-                                         r"of \['ansi', 'human'\] or None"):
+    with pytest.raises(
+        ValueError,
+        match=r"render_mode='rgb_array' is not supported; choose one "
+        r"of \['ansi', 'human'\] or None",
+    ):
         make_env(render_mode="rgb_array")

@@ -16,10 +16,17 @@ def constant(value: float) -> Callable[..., list[float]]:
     return lambda c1, c2: [value] * len(c1)
 
 
-def multi_turn_env(reward: Callable[..., list[float]], num_turns: int = 2,
-                   **kwargs: object) -> CoMLRLEnv:
-    return CoMLRLEnv(Dataset.from_dict({"prompt": ["p0", "p1"]}), None, reward,
-                     num_turns=num_turns, external_transition=length_feedback, **kwargs)
+def multi_turn_env(
+    reward: Callable[..., list[float]], num_turns: int = 2, **kwargs: object
+) -> CoMLRLEnv:
+    return CoMLRLEnv(
+        Dataset.from_dict({"prompt": ["p0", "p1"]}),
+        None,
+        reward,
+        num_turns=num_turns,
+        external_transition=length_feedback,
+        **kwargs,
+    )
 
 
 def step(env: CoMLRLEnv) -> tuple[dict, dict, dict]:
@@ -45,7 +52,10 @@ def test_episode_is_truncated_after_num_turns() -> None:
     env.reset()
     history = [step(env)[1:] for _ in range(3)]
     assert [(t["agent_0"], tr["agent_0"]) for t, tr in history] == [
-        (False, False), (False, False), (False, True)]
+        (False, False),
+        (False, False),
+        (False, True),
+    ]
     assert env.agents == []
 
 
@@ -69,16 +79,22 @@ def test_episode_goes_on_when_the_reward_does_not_exceed_the_threshold(reward: f
 
 
 def test_threshold_compares_the_processed_reward() -> None:
-    env = multi_turn_env(constant(0.5), early_termination_threshold=0.9,
-                         reward_processor=lambda r: r * 2)
+    env = multi_turn_env(
+        constant(0.5), early_termination_threshold=0.9, reward_processor=lambda r: r * 2
+    )
     env.reset()
     _, terms, _ = step(env)
     assert terms["agent_0"] is True
 
 
 def test_group_branches_end_independently() -> None:
-    task = Task(None, lambda c1, c2: [1.0 if c == "good" else 0.0 for c in c1], num_turns=2,
-                external_transition=length_feedback, early_termination_threshold=0.9)
+    task = Task(
+        None,
+        lambda c1, c2: [1.0 if c == "good" else 0.0 for c in c1],
+        num_turns=2,
+        external_transition=length_feedback,
+        early_termination_threshold=0.9,
+    )
     root = task.initial_state({"prompt": "p"}, 0)
     good, bad = task.step_group([root], [[("good", "x"), ("bad", "x")]])[0]
     assert (good.terminated, good.next_state) == (True, None)
@@ -86,8 +102,13 @@ def test_group_branches_end_independently() -> None:
 
 
 def test_default_threshold_warns_once_when_multi_turn_collapses_to_one_turn() -> None:
-    env = CoMLRLEnv(feedback_dataset(), None, feedback_ratio_reward, num_turns=2,
-                    external_transition=length_feedback)
+    env = CoMLRLEnv(
+        feedback_dataset(),
+        None,
+        feedback_ratio_reward,
+        num_turns=2,
+        external_transition=length_feedback,
+    )
     env.reset()
     with pytest.warns(UserWarning) as record:
         _, terms, _ = step(env)
@@ -109,11 +130,14 @@ def test_group_step_warns_with_the_default_threshold_when_every_branch_ends() ->
         task.step_group([root], [[("a", "b"), ("c", "d")]])
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"early_termination_threshold": None},
-    {"early_termination_threshold": 0.9},
-    {"num_turns": 1},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"early_termination_threshold": None},
+        {"early_termination_threshold": 0.9},
+        {"num_turns": 1},
+    ],
+)
 def test_no_warning_when_the_threshold_is_chosen_or_there_is_one_turn(kwargs: dict) -> None:
     env = multi_turn_env(constant(0.5), **kwargs)
     with warnings.catch_warnings():
@@ -125,8 +149,12 @@ def test_no_warning_when_the_threshold_is_chosen_or_there_is_one_turn(kwargs: di
 
 
 def test_no_warning_when_some_branch_goes_on() -> None:
-    task = Task(None, lambda c1, c2: [-1.0 if c == "bad" else 1.0 for c in c1], num_turns=2,
-                external_transition=length_feedback)
+    task = Task(
+        None,
+        lambda c1, c2: [-1.0 if c == "bad" else 1.0 for c in c1],
+        num_turns=2,
+        external_transition=length_feedback,
+    )
     root = task.initial_state({"prompt": "p"}, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
