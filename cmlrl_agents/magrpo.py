@@ -196,8 +196,9 @@ class MAGRPOTrainer(TeamTrainer):
             sampling=self.sampling,
             joint_mode=args.joint_mode,
         )
-        metrics = turn_metrics(tree, tree.returns(args.discount))
-        agent_returns = tree.agent_returns(args.discount)
+        joint_returns = tree.returns(args.discount)
+        metrics = turn_metrics(tree, joint_returns)
+        agent_returns = tree.agent_returns(joint_returns)
         losses, norms = [], []
         for a in range(self.num_agents):
             samples = agent_samples(

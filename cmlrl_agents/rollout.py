@@ -96,14 +96,14 @@ class RolloutTree:
             for r, level in zip(flat, self.levels, strict=True)
         ]
 
-    def agent_returns(self, discount: float) -> list[Tensor]:
+    def agent_returns(self, joint_returns: list[Tensor]) -> list[Tensor]:
         """Per level ``[branches, N, G]``: the return credited to each agent's sample.
 
         aligned: sample g of every agent gets joint action g's return; cross: the mean over the
         joint actions the sample took part in.
         """
         out = []
-        for level, joint in zip(self.levels, self.returns(discount), strict=True):
+        for level, joint in zip(self.levels, joint_returns, strict=True):
             if len(level.joints) == self.num_generations:
                 out.append(joint.unsqueeze(1).expand(-1, self.num_agents, -1).contiguous())
             else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_logging import _wandb_records  # the offline-run reader beside this file
+from test_logging import _wandb_history, _wandb_records  # offline-run readers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
@@ -65,19 +65,6 @@ def finished_run_records(wandb_dir: Path) -> list:
             return records
         assert time.monotonic() < deadline, "the offline W&B run never got its exit record"
         time.sleep(0.2)
-
-
-def wandb_history(records: list) -> list[dict]:
-    history = []
-    for record in records:
-        if record.WhichOneof("record_type") == "history":
-            items = {
-                i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                for i in record.history.item
-            }
-            entry = {k: v for k, v in items.items() if not k.startswith("_")}
-            history.append({"step": record.history.step.num, **entry})
-    return history
 
 
 def by_step(history: list[tuple[int, dict]]) -> list[dict]:
@@ -139,7 +126,7 @@ def test_wandb_offline_run_gets_the_settings_and_the_documented_metrics(tmp_path
 
     # SPEC §7: training entries at env_step (2 items x 2 joint actions per round), evaluations
     # before items 0 and 2 (env_step 0 and 4) and the manual one after save_model (8).
-    history = wandb_history(records)
+    history = _wandb_history(records)
     assert [h["step"] for h in history] == [0, 4, 8]
     assert set(history[0]) - {"step"} == EVAL_KEYS
     assert set(history[1]) - {"step"} == set(history[2]) - {"step"} == TRAIN_KEYS | EVAL_KEYS

@@ -283,6 +283,20 @@ def test_progress_bar_is_silent_unless_verbose(capsys):
 # ---- W&B (offline) --------------------------------------------------------------------------
 
 
+def _wandb_history(records: list) -> list[dict]:
+    """The logged entries of an offline run: ``{"step": n, key: value, ...}`` in order."""
+    history = []
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
+            entry = {k: v for k, v in items.items() if not k.startswith("_")}
+            history.append({"step": record.history.step.num, **entry})
+    return history
+
+
 def _wandb_records(run_file: Path) -> list:
     """Records of an offline run file (LevelDB-style log: 32 KiB blocks, 7-byte headers)."""
     from wandb.proto import wandb_internal_pb2
@@ -349,15 +363,7 @@ def test_wandb_offline_run_gets_config_metrics_and_is_finished_only_by_close(tmp
     assert config["num_agents"] == 2
     assert config["dataset"] == {"name": "toy"} and config["output"] == {"verbose": False}
     assert "api_key" not in config
-    history = []
-    for record in records:
-        if record.WhichOneof("record_type") == "history":
-            items = {
-                i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                for i in record.history.item
-            }
-            history.append({k: v for k, v in items.items() if not k.startswith("_")})
-            history[-1]["step"] = record.history.step.num
+    history = _wandb_history(records)
     assert history == [
         {"step": 0, "eval/turn_1/reward_mean": 0.1},
         {"step": 4, "turn_1/reward_mean": pytest.approx(0.3)},

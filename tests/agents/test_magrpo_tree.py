@@ -71,7 +71,7 @@ def test_two_turn_aligned_tree_returns_by_hand():
     torch.testing.assert_close(tree.returns(0.5)[0], torch.tensor([[0.85, 0.15]]))
 
     # GRPO advantages: (R - mean) / (std + 1e-6) within each sibling group.
-    samples = agent_samples(tree, 0, tree.agent_returns(1.0), "mean", True)
+    samples = agent_samples(tree, 0, tree.agent_returns(tree.returns(1.0)), "mean", True)
     got = [round(s.advantage, 4) for s in samples]
     assert got == [1.0, -1.0, 1.0, -1.0, 1.0, -1.0]
     assert [s.turn for s in samples] == [1, 1, 2, 2, 2, 2]
@@ -125,7 +125,7 @@ def test_cross_mode_credits_the_mean_over_joint_actions():
     )
     assert calls == [4] and tree.env_steps == 4
     assert tree.levels[0].joints == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    credit = tree.agent_returns(1.0)[0]
+    credit = tree.agent_returns(tree.returns(1.0))[0]
     # agent 0, sample 0 took part in (0,0) and (0,1): (1.0 + 0.0)/2; sample 1: (0.5 + 0.3)/2
     # agent 1, sample 0 took part in (0,0) and (1,0): (1.0 + 0.5)/2; sample 1: (0.0 + 0.3)/2
     torch.testing.assert_close(credit, torch.tensor([[[0.5, 0.4], [0.75, 0.15]]]))
@@ -159,7 +159,7 @@ def test_one_turn_tree_equals_flat():
     ]
     for tree in trees:
         torch.testing.assert_close(tree.returns(0.9)[0], tree.levels[0].rewards)
-    samples = [agent_samples(t, 1, t.agent_returns(0.9), "rloo", False) for t in trees]
+    samples = [agent_samples(t, 1, t.agent_returns(t.returns(0.9)), "rloo", False) for t in trees]
     assert samples[0] == samples[1]
 
 
@@ -169,7 +169,7 @@ def test_reinforce_family_advantages_differ_on_the_same_rewards():
     tree = collect_tree(
         task, [path_policy(), path_policy()], [ITEM], num_generations=4, sampling=SAMPLING
     )
-    returns = tree.agent_returns(1.0)
+    returns = tree.agent_returns(tree.returns(1.0))
     advantages = {}
     for config in (MAGRPOConfig(), MAREINFORCEConfig(), MAReMaxConfig(), MARLOOConfig()):
         samples = agent_samples(
