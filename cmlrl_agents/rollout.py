@@ -76,6 +76,8 @@ class RolloutTree:
     items: list[tuple[Mapping[str, Any], int | None]]
     num_agents: int
     num_generations: int
+    num_turns: int
+    """The task's turns: a branch that ended early did not play ``num_turns - turn`` of them."""
     levels: list[Level] = field(default_factory=list)
 
     @property
@@ -84,13 +86,25 @@ class RolloutTree:
         return sum(level.num_joint_actions for level in self.levels)
 
     def returns(self, discount: float) -> list[Tensor]:
-        """Per level ``[branches, J]``: reward + discount × mean of the children's returns."""
+        """Per level ``[branches, J]``: reward + discount × mean of the children's returns; a
+        branch that ended early keeps its reward for its unplayed turns (see ``tree_returns``)."""
         rewards = [level.rewards.reshape(-1) for level in self.levels]
         parents = [torch.tensor([-1])]
         for level in self.levels[1:]:
             joints = len(level.joints)
             parents.append(torch.tensor(level.parent).repeat_interleave(joints))
-        flat = tree_returns(rewards, parents, discount)
+        turns_left = [
+            torch.tensor(
+                [
+                    self.num_turns - level.turn if o.terminated else 0
+                    for row in level.outcomes
+                    for o in row
+                ],
+                dtype=torch.long,
+            )
+            for level in self.levels
+        ]
+        flat = tree_returns(rewards, parents, discount, turns_left)
         return [
             r.reshape(len(level.states), len(level.joints))
             for r, level in zip(flat, self.levels, strict=True)
@@ -123,7 +137,7 @@ def collect_tree(
     """Roll out ``items`` through every turn of ``task`` with ``num_generations`` per branch."""
     if len(agents) != task.num_agents:
         raise ValueError(f"{len(agents)} agents for a task of {task.num_agents} agents.")
-    tree = RolloutTree(list(items), task.num_agents, num_generations)
+    tree = RolloutTree(list(items), task.num_agents, num_generations, task.num_turns)
     joints = joint_indices(task.num_agents, num_generations, joint_mode)
     states = [task.initial_state(item, index) for item, index in items]
     slots, parents = list(range(len(items))), [-1] * len(items)
