@@ -9,6 +9,7 @@ import torch
 
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.magrpo import agent_samples
+from cmlrl_agents.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
 from cmlrl_agents.policy import SamplingConfig
 from cmlrl_agents.returns import tree_returns
 from cmlrl_agents.rollout import collect_tree
@@ -72,7 +73,7 @@ def test_success_is_never_credited_below_a_sibling_that_missed():
         rewards, parents, left = [torch.tensor([hit, miss])], [torch.tensor([-1])], []
         left.append(torch.tensor([turns - 1, 0]))
         parent = 1  # the missed branch continues as one chain of 2 children per turn
-        for t in range(1, turns):
+        for _ in range(1, turns):
             later = [rng.uniform(0.0, hit), rng.uniform(0.0, hit)]
             rewards.append(torch.tensor(later))
             parents.append(torch.tensor([parent, parent]))
@@ -98,3 +99,32 @@ def test_tree_returns_hold_an_ended_branch_reward_by_hand():
         tree_returns(rewards, parents, 0.5, [torch.tensor([2, 1]), left[1], left[2]])
     with pytest.raises(ValueError, match=r"turns_left\[1\] must be a long tensor of shape"):
         tree_returns(rewards, parents, 0.5, [left[0], torch.tensor([0.0, 1.0]), left[2]])
+
+
+# ------------------------------------------------------------- 3. no advantage blow-up
+def test_raw_returns_are_never_divided_by_their_std():
+    with pytest.raises(ValueError, match=r"advantage_mode='raw' with advantage_normalization=True"):
+        MAGRPOConfig(advantage_mode="raw")
+    config = MAGRPOConfig(advantage_normalization=False)
+    with pytest.raises(ValueError, match="Set advantage_normalization=False"):
+        MAGRPOConfig(advantage_mode="raw", advantage_normalization=True)
+    config.advantage_mode = "raw"  # allowed once normalisation is off
+    with pytest.raises(ValueError, match="advantage_normalization=True"):
+        config.advantage_normalization = True
+    assert config.advantage_normalization is False
+    with pytest.raises(ValueError, match="baseline 'raw' with normalize_std=True"):
+        group_advantages(torch.tensor([[0.7, 0.7]]), "raw", normalize_std=True)
+
+
+def test_the_g1_hint_leads_to_a_working_config():
+    with pytest.raises(ValueError) as info:
+        MAGRPOConfig(num_generations=1)
+    message = str(info.value)
+    assert "advantage_mode='raw' with advantage_normalization=False" in message
+    # Following the hint: plain REINFORCE; equal returns stay what they are.
+    config = MAGRPOConfig(num_generations=1, advantage_mode="raw", advantage_normalization=False)
+    adv = group_advantages(
+        torch.tensor([[0.7], [0.7]]), config.advantage_mode, config.advantage_normalization
+    )
+    torch.testing.assert_close(adv, torch.tensor([[0.7], [0.7]]))
+    assert MAREINFORCEConfig(num_generations=1).num_generations == 1
