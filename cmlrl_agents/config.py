@@ -14,6 +14,9 @@ from typing import Any
 
 __all__ = ["ValidatedConfig", "SharedConfig"]
 
+MAX_SEED = 2**32 - 1
+"""numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
+
 
 class ValidatedConfig:
     """Mixin: ``validate()`` runs after ``__init__`` and on each assignment (undone on error)."""
@@ -71,6 +74,10 @@ class ValidatedConfig:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise TypeError(f"{name} must be a number, got {value!r}.")
+        if math.isinf(value):
+            # An infinite rate, temperature or coefficient turns every update into NaN.
+            hint = " (None turns it off)" if optional else ""
+            raise ValueError(f"{name} must be finite, got {value}{hint}.")
         if low is not None and (value <= low if low_open else value < low):
             op = ">" if low_open else ">="
             raise ValueError(f"{name} must be {op} {low}, got {value}.")
@@ -97,7 +104,7 @@ class SharedConfig(ValidatedConfig):
     num_turns: int = 1
     """Turns per episode; >1 needs ``external_transition``."""
     num_train_epochs: int = 1
-    """Passes over the training task items."""
+    """Passes over the training task items (>= 1; to only evaluate, call ``evaluate()``)."""
     agent_learning_rate: float = 5e-6
     """AdamW learning rate of every agent."""
     max_new_tokens: int = 128
@@ -146,7 +153,7 @@ class SharedConfig(ValidatedConfig):
     def validate(self) -> None:
         self._int("num_agents", 1, optional=True)
         self._int("num_turns", 1)
-        self._int("num_train_epochs", 0)
+        self._int("num_train_epochs", 1)
         self._real("agent_learning_rate", 0.0, low_open=True)
         self._int("max_new_tokens", 1)
         self._real("temperature", 0.0, low_open=True)
@@ -166,8 +173,17 @@ class SharedConfig(ValidatedConfig):
         self._int("logging_steps", 1)
         self._real("max_grad_norm", 0.0, low_open=True, optional=True)
         self._int("seed", 0, optional=True)
+        if self.seed is not None and self.seed > MAX_SEED:
+            raise ValueError(
+                f"seed must be <= {MAX_SEED} (numpy's seed range, 2**32 - 1), got {self.seed}."
+            )
         if self.output_dir is not None and not isinstance(self.output_dir, str):
             raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ValueError(
+                f"output_dir={self.output_dir!r} is empty; give a folder path, or None for "
+                "runs/<algorithm>-<time>."
+            )
         self._int("rollout_buffer_size", 1)
         self._int("train_batch_size", 1, optional=True)
         self._int("forward_batch_size", 1, optional=True)
