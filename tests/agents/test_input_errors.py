@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
+from datasets import Dataset
 
 from cmlrl_agents import IACConfig, MAACConfig, MAGRPOConfig
+from cmlrl_env import CoMLRLEnv, RewardProcessors
+from cmlrl_env.task_check import check_task
 
 INF = math.inf
 
@@ -64,3 +68,82 @@ def test_zero_epochs_are_refused():
         MAGRPOConfig(num_train_epochs=0)
     with pytest.raises(ValueError, match=r"num_train_epochs must be >= 1, got 0"):
         IACConfig(num_train_epochs=0)
+
+
+# ------------------------------------------------- 18. rewards, processors, check_task
+def _env(reward, processor=None):
+    return CoMLRLEnv(
+        Dataset.from_list([{"prompt": "p"}]),
+        None,
+        reward,
+        num_agents=2,
+        reward_processor=processor,
+    )
+
+
+@pytest.mark.parametrize("bad", [10**400, Fraction(10**400, 3)])
+def test_a_reward_too_large_for_a_float_names_reward_func_and_position(bad):
+    def huge_reward(c1, c2):
+        return [0.5, bad]
+
+    env = _env(huge_reward)
+    env.reset(seed=0)
+    task = env.task
+    state = task.initial_state({"prompt": "p"}, 0)
+    with pytest.raises(
+        ValueError,
+        match=r"reward_func .*huge_reward returned .* at position 1 for item 0, which is not "
+        r"convertible to a float",
+    ):
+        task.step_group([state], [[("a", "b"), ("c", "d")]])
+
+
+def test_a_processor_result_too_large_names_the_processor_and_position():
+    env = _env(lambda c1, c2: [1.0] * len(c1), processor=lambda r: 10**400)
+    state = env.task.initial_state({"prompt": "p"}, 0)
+    with pytest.raises(
+        ValueError,
+        match=r"reward_processor .* into 1000.*0; it must return .* \(reward at position 0\)",
+    ):
+        env.task.step_group([state], [[("a", "b")]])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"low": math.nan}, r"clip's low must be a real number \(math.inf for no bound\), got nan"),
+        ({"high": "1"}, r"clip's high must be a real number .* got '1'"),
+        ({"low": None}, r"clip's low must be a real number .* got None"),
+        ({"low": True}, r"clip's low must be a real number .* got True"),
+        ({"low": 2.0, "high": 1.0}, r"clip needs low <= high, got low=2.0, high=1.0"),
+    ],
+)
+def test_clip_checks_its_bounds(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RewardProcessors.clip(**kwargs)
+
+
+def test_clip_scale_and_shift_defaults():
+    assert RewardProcessors.clip(high=1.0)(3.0) == 1.0
+    assert RewardProcessors.clip()(-1e300) == -1e300  # infinite bounds: no bound
+    assert RewardProcessors.scale()(0.25) == 0.25  # the reference's default factor 1.0
+    assert RewardProcessors.shift()(0.25) == 0.25  # the reference's default value 0.0
+    assert RewardProcessors.scale(factor=10.0)(0.25) == 2.5
+    assert RewardProcessors.shift(value=-1.0)(0.25) == -0.75
+    with pytest.raises(ValueError, match=r"factor must be a finite real number, got 1000"):
+        RewardProcessors.scale(10**400)
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        ([1, 2], r"sample_completions\[0\] is 1; each entry must be a str"),
+        ([None], r"sample_completions\[0\] is None"),
+        ([["a"], [2]], r"sample_completions\[1\] is \[2\]"),
+        ({"a": ["x"]}, r"sample_completions must be a non-empty list of str"),
+    ],
+)
+def test_check_task_checks_the_shape_of_sample_completions(samples, message):
+    # Checked first: even a task that would not bind reports this argument, not a foreign error.
+    with pytest.raises(TypeError, match=message):
+        check_task(Dataset.from_list([{"prompt": "p"}]), None, None, sample_completions=samples)
