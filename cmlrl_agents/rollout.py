@@ -144,6 +144,7 @@ def collect_tree(
     for turn in range(1, task.num_turns + 1):
         if not states:
             break
+        _check_encodable(states, turn)
         completions = [
             agent.generate([s.prompts[a] for s in states], num_generations, sampling)
             for a, agent in enumerate(agents)
@@ -152,6 +153,24 @@ def collect_tree(
         tree.levels.append(Level(turn, states, slots, parents, completions, joints, outcomes))
         states, slots, parents = _children(outcomes, slots, len(joints))
     return tree
+
+
+def _check_encodable(states: list[EpisodeState], turn: int) -> None:
+    """Refuse a prompt that has no UTF-8 form (a lone surrogate from a formatter or transition)
+    before a tokenizer meets it with a bare ``UnicodeEncodeError``."""
+    for state in states:
+        for a, prompt in enumerate(state.prompts):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                where = "item" if state.item_index is None else f"item {state.item_index}"
+                raise ValueError(
+                    f"the turn-{turn} prompt of agent_{a} for {where} holds "
+                    f"{prompt[exc.start : exc.end]!r} at character {exc.start}, which no "
+                    f"tokenizer can encode (a lone surrogate, not text): {prompt!r:.80}. Fix "
+                    "the formatter or external_transition that built it, e.g. "
+                    "text.encode('utf-8', 'replace').decode()."
+                ) from None
 
 
 def _step_items(

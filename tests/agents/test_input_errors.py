@@ -9,7 +9,11 @@ import pytest
 from datasets import Dataset
 
 from cmlrl_agents import IACConfig, MAACConfig, MAGRPOConfig
-from cmlrl_env import CoMLRLEnv, RewardProcessors
+from cmlrl_agents.policy import LLMAgent, SamplingConfig
+from cmlrl_agents.rollout import collect_tree
+from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.testing import tiny_model, tiny_tokenizer
+from cmlrl_env import CoMLRLEnv, RewardProcessors, Task
 from cmlrl_env.task_check import check_task
 
 INF = math.inf
@@ -147,3 +151,47 @@ def test_check_task_checks_the_shape_of_sample_completions(samples, message):
     # Checked first: even a task that would not bind reports this argument, not a foreign error.
     with pytest.raises(TypeError, match=message):
         check_task(Dataset.from_list([{"prompt": "p"}]), None, None, sample_completions=samples)
+
+
+# -------------------------------------------------------- 15. models that cannot work
+@pytest.mark.parametrize("name", ["/no/such/folder", "./missing-model", "~/missing/model/x"])
+def test_a_missing_local_model_folder_says_so(name):
+    with pytest.raises(FileNotFoundError, match=r"model folder .* does not exist"):
+        LLMAgent.from_pretrained(name)
+
+
+def test_a_missing_folder_inside_an_existing_one_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"model folder 'models/typo' does not exist"):
+        LLMAgent.from_pretrained("models/typo")
+
+
+def test_a_model_with_a_smaller_vocabulary_than_its_tokenizer_is_refused():
+    tokenizer = tiny_tokenizer()
+    small = tiny_model(len(tokenizer) - 10)
+    with pytest.raises(
+        ValueError,
+        match=r"vocabulary has 249 embeddings but its tokenizer has 259 tokens, so ids "
+        r"249..258 would fail",
+    ):
+        LLMAgent(small, tokenizer)
+    assert LLMAgent(tiny_model(len(tokenizer) + 5), tokenizer)  # larger (padded) is fine
+
+
+# ------------------------------------------------- 17. text a tokenizer cannot encode
+def test_a_lone_surrogate_in_a_prompt_names_the_agent_and_item():
+    def formatter_b(item):
+        return "broken \ud800 text"
+
+    task = Task([lambda item: item["prompt"], formatter_b], lambda c1, c2: [0.0] * len(c1))
+    policies = [ScriptedPolicy(lambda p, g: "x"), ScriptedPolicy(lambda p, g: "y")]
+    with pytest.raises(
+        ValueError,
+        match=r"the turn-1 prompt of agent_1 for item 7 holds '\\ud800' at character 7, which "
+        r"no tokenizer can encode",
+    ):
+        collect_tree(
+            task, policies, [({"prompt": "p"}, 7)], num_generations=1, sampling=SamplingConfig()
+        )
+    assert policies[0].calls == []  # refused before any generation

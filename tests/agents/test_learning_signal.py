@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
 import torch
 
+from cmlrl_agents import MAGRPOTrainer, model_setup
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.magrpo import agent_samples
 from cmlrl_agents.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
@@ -14,7 +16,8 @@ from cmlrl_agents.policy import SamplingConfig
 from cmlrl_agents.returns import tree_returns
 from cmlrl_agents.rollout import collect_tree
 from cmlrl_agents.scripted import ScriptedPolicy
-from cmlrl_env import Task
+from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
+from cmlrl_env import Task, tasks
 
 SAMPLING = SamplingConfig(max_new_tokens=4)
 
@@ -128,3 +131,103 @@ def test_the_g1_hint_leads_to_a_working_config():
     )
     torch.testing.assert_close(adv, torch.tensor([[0.7], [0.7]]))
     assert MAREINFORCEConfig(num_generations=1).num_generations == 1
+
+
+# ------------------------------------------------------ 2. low-precision weights train
+def test_a_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
+    tokenizer = tiny_tokenizer()
+    folder = tmp_path / "tiny-bf16"
+    tiny_model(len(tokenizer)).to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    train, _ = tasks.length_ratio_splits()
+    args = MAGRPOConfig(
+        num_agents=2,
+        rollout_buffer_size=1,
+        num_generations=2,
+        max_new_tokens=6,
+        eval_interval=0,
+        agent_learning_rate=5e-6,  # the default: far below half a bf16 ulp of most weights
+        output_dir=str(tmp_path / "run"),
+        verbose=False,
+    )
+    trainer = MAGRPOTrainer(
+        agent_model=str(folder),
+        formatters=[tasks.brief_formatter, tasks.detailed_formatter],
+        reward_func=tasks.length_ratio_reward,
+        train_dataset=train.select(range(3)),  # three optimizer steps per agent
+        args=args,
+    )
+    agent = trainer.agents[0]
+    assert agent.loaded_dtype == torch.bfloat16  # the folder holds bf16 weights ...
+    assert {p.dtype for p in agent.model.parameters()} == {torch.float32}  # ... trained in fp32
+    before = {k: v.clone() for k, v in agent.model.state_dict().items()}
+    trainer.train()
+    moved = total = 0
+    for key, value in agent.model.state_dict().items():
+        moved += int((value != before[key]).sum())
+        total += value.numel()
+    # Measured: 99.9 % here; 6.1 % when the weights stay in bf16. (Embedding rows of bytes
+    # that never occur get no gradient, hence not 100 %.)
+    assert moved / total > 0.99
+
+
+# --------------------------------------------------- 4. generation settings are ours alone
+def test_the_checkpoints_generation_config_does_not_change_sampling():
+    agent = tiny_agent(seed=0)
+    only = 100
+    config = agent.model.generation_config
+    config.suppress_tokens = [i for i in range(len(agent.tokenizer)) if i != only]
+    sampling = SamplingConfig(max_new_tokens=12, min_new_tokens=12)
+    torch.manual_seed(0)
+    ((completion,),) = agent.generate(["hello"], 1, sampling)
+    assert set(completion.completion_ids) != {only}  # the model's suppress_tokens is ignored
+    assert agent.model.generation_config is config  # and restored after the call
+    assert config.suppress_tokens[0] == 0
+    # The same generate call without the guard would have honoured it: every token is `only`.
+    ids = torch.tensor([list(completion.prompt_ids)])
+    out = agent.model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=agent.pad_token_id,
+        **sampling.generate_kwargs(),
+    )
+    assert set(out[0, ids.shape[1] :].tolist()) == {only}
+
+
+# ------------------------------------------------------------- 8. no double chat template
+def test_a_prompt_that_already_carries_the_template_is_used_as_it_is():
+    agent = tiny_agent(seed=0)
+    plain = "Describe a city in the clouds."
+    templated = agent.tokenizer.apply_chat_template(
+        [{"role": "user", "content": plain}], tokenize=False, add_generation_prompt=True
+    )
+    ids_plain, ids_templated = agent.encode_prompts([plain, templated])
+    assert ids_templated == ids_plain
+    text = agent.tokenizer.decode(ids_templated)
+    assert text.count("<|im_start|>system") == 1 and text.count("<|im_start|>user") == 1
+    assert agent.chat_format.is_templated("<|im_start|>user\nhi<|im_end|>\n")
+    assert not agent.chat_format.is_templated("Describe <b>a</b> city.")
+
+
+def test_the_applied_template_is_logged_once_with_how_to_turn_it_off(caplog):
+    model_setup._logged_formats.clear()
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policy"):
+        tiny_agent(seed=0)
+        tiny_agent(seed=1)  # same template: not logged again
+    records = [r for r in caplog.records if "chat template" in r.getMessage()]
+    assert len(records) == 1
+    message = records[0].getMessage()
+    assert records[0].levelno == logging.WARNING  # the template adds a system turn
+    assert "<|im_start|>system\\nYou are tiny.<|im_end|>" in message
+    assert "The template adds a system turn that no prompt asked for" in message
+    assert "model_config={'chat_template': False}" in message
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policy"):
+        tiny_agent(seed=0, system_prompt="You are terse.")
+    (record,) = [r for r in caplog.records if "chat template" in r.getMessage()]
+    assert record.levelno == logging.INFO and "You are terse." in record.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policy"):
+        plain = tiny_agent(seed=0, chat_template=False)
+    assert not [r for r in caplog.records if "chat template" in r.getMessage()]
+    assert plain.chat_format is None
