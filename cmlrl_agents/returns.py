@@ -12,7 +12,7 @@ from torch import Tensor
 
 from cmlrl_agents._checks import check_finite, check_float
 
-__all__ = ["cross_credit", "discounted_returns", "gae", "tree_returns"]
+__all__ = ["cross_credit", "discounted_returns", "ended_chain_returns", "gae", "tree_returns"]
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -115,6 +115,28 @@ def tree_returns(
         # Childless nodes have sums == 0, so clamping the count keeps them at their own reward.
         out.insert(0, rewards[t] + held[t] + discount * sums / counts.clamp(min=1))
     return out
+
+
+def ended_chain_returns(
+    rewards: list[float], num_turns: int, threshold: float | None, discount: float
+) -> list[float]:
+    """Returns of one fully played chain of turns as training's early termination scores it.
+
+    Training ends a branch at the first turn ``t < num_turns`` whose reward exceeds
+    ``threshold``; that turn then holds its reward for the unplayed turns (:func:`tree_returns`).
+    Returns one value per turn the branch would have played (``len <= len(rewards)``).
+    """
+    played = len(rewards)
+    if threshold is not None:
+        for t, r in enumerate(rewards[: num_turns - 1]):
+            if r > threshold:
+                played = t + 1
+                break
+    kept = [torch.tensor([float(r)]) for r in rewards[:played]]
+    parents = [torch.zeros(1, dtype=torch.long) for _ in kept]
+    left = [torch.zeros(1, dtype=torch.long) for _ in kept]
+    left[-1][0] = num_turns - played if played < len(rewards) else 0
+    return [float(r) for r in tree_returns(kept, parents, discount, left)]
 
 
 def _held_rewards(

@@ -7,6 +7,7 @@ evaluation of SPEC §5, the metric names of SPEC §7, checkpoints) lives here on
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
+from cmlrl_agents.returns import ended_chain_returns
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents, resolve_num_agents
 from cmlrl_env import CoMLRLEnv
@@ -227,8 +229,19 @@ class TeamTrainer:
         return bool(interval) and position % interval == 0
 
     # -- evaluation ---------------------------------------------------------------------------
+    def _eval_task(self) -> Task:
+        """The task with early termination off: evaluation plays every turn, so custom eval
+        metrics always see ``[agent][item][turn]`` for each turn; the standard metrics still
+        score each item as training's early termination would (``_tree_eval_values``)."""
+        if self.task.early_termination_threshold is None:
+            return self.task
+        task = copy.copy(self.task)
+        task.early_termination_threshold = None
+        return task
+
     def evaluate_items(self, num_eval_samples: int) -> dict[str, float]:
-        """One response per agent per turn on the first ``num_eval_samples`` eval items."""
+        """One response per agent per turn (every turn) on the first ``num_eval_samples`` eval
+        items."""
         if self.eval_dataset is None:
             return {}
         if (
@@ -238,13 +251,11 @@ class TeamTrainer:
         ):
             raise ValueError(f"num_eval_samples must be a positive int, got {num_eval_samples!r}.")
         items = list(_enumerate_items(self.eval_dataset, 0, limit=num_eval_samples))
-        trees = []
+        trees, task = [], self._eval_task()
         for i in range(0, len(items), self.args.eval_batch_size):
             chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
             trees.append(
-                collect_tree(
-                    self.task, self.agents, chunk, num_generations=1, sampling=self.sampling
-                )
+                collect_tree(task, self.agents, chunk, num_generations=1, sampling=self.sampling)
             )
         metrics = self._eval_metrics(trees)
         metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})
@@ -263,10 +274,27 @@ class TeamTrainer:
         return {}
 
     def _tree_eval_values(self, tree: RolloutTree) -> dict[str, list[float]]:
+        """Per turn, over the items training's early termination keeps open (as in training,
+        so train and eval agree: the reference's B5): ``reward_mean``, ``expected_return``
+        (an ended item holds its reward); over every played item: ``reward_mean_all``; and the
+        share of items still open, ``open_fraction``."""
+        chains: dict[int, list[float]] = {}
+        for level in tree.levels:  # one sample per turn: branch b is one item's chain
+            for slot, row in zip(level.item_slot, level.outcomes, strict=True):
+                chains.setdefault(slot, []).append(row[0].reward)
         values: dict[str, list[float]] = {}
-        for level, ret in zip(tree.levels, tree.returns(self.args.discount), strict=True):
-            values[f"turn_{level.turn}/reward_mean"] = level.rewards.reshape(-1).tolist()
-            values[f"turn_{level.turn}/expected_return"] = ret.reshape(-1).tolist()
+        threshold, turns = self.task.early_termination_threshold, self.task.num_turns
+        can_end = threshold is not None and turns > 1
+        for chain in chains.values():
+            returns = ended_chain_returns(chain, turns, threshold, self.args.discount)
+            for t, reward in enumerate(chain):
+                key = f"turn_{t + 1}/"
+                if can_end:
+                    values.setdefault(key + "reward_mean_all", []).append(reward)
+                    values.setdefault(key + "open_fraction", []).append(float(t < len(returns)))
+                if t < len(returns):
+                    values.setdefault(key + "reward_mean", []).append(reward)
+                    values.setdefault(key + "expected_return", []).append(returns[t])
         return values
 
     # -- saving -------------------------------------------------------------------------------

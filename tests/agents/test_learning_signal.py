@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from datasets import Dataset
 
 from cmlrl_agents import MAGRPOTrainer, model_setup
 from cmlrl_agents.advantages import group_advantages
@@ -231,3 +232,72 @@ def test_the_applied_template_is_logged_once_with_how_to_turn_it_off(caplog):
         plain = tiny_agent(seed=0, chat_template=False)
     assert not [r for r in caplog.records if "chat template" in r.getMessage()]
     assert plain.chat_format is None
+
+
+# ---------------------------------------- 5. custom eval metrics on several turns (SPEC §7)
+def seed_eval_logger(*, agent_completions_turns, batch_items, prompts):
+    # The seed's own example (seed 000, "ログ"), verbatim.
+    return [
+        {
+            f"turn_{turn + 1}/response_chars": sum(
+                len(agent[row][turn]) for agent in agent_completions_turns
+            )
+            / len(agent_completions_turns)
+            for turn in range(len(agent_completions_turns[0][row]))
+        }
+        for row in range(len(batch_items))
+    ]
+
+
+def seed_eval_aggregator(rows, *, num_turns):
+    return (
+        {
+            key: sum(row[key] for row in rows) / len(rows)
+            for turn in range(num_turns)
+            for key in [f"turn_{turn + 1}/response_chars"]
+        }
+        if rows
+        else {}
+    )
+
+
+def test_seed_eval_callbacks_run_when_evaluation_items_end_early(tmp_path):
+    # Item 0 scores 1.0 every turn (ends after turn 1 under threshold 0.9); item 1 scores 0.5.
+    data = Dataset.from_list([{"prompt": "a", "r": 1.0}, {"prompt": "b", "r": 0.5}])
+
+    def reward(c1, c2, *, batch_items):
+        return [batch_items[0]["r"]] * len(c1)
+
+    def feedback(prompt, agent_completions, num_agents, **history):
+        return [f"again: {c}" for c in agent_completions]
+
+    args = MAGRPOConfig(
+        num_turns=2,
+        num_generations=2,
+        max_new_tokens=4,
+        early_termination_threshold=0.9,
+        eval_interval=0,
+        output_dir=str(tmp_path / "run"),
+        verbose=False,
+    )
+    trainer = MAGRPOTrainer(
+        agents=[tiny_agent(0), tiny_agent(1)],
+        reward_func=reward,
+        external_transition=feedback,
+        train_dataset=data,
+        eval_dataset=data,
+        eval_logger=seed_eval_logger,
+        eval_aggregator=seed_eval_aggregator,
+        args=args,
+    )
+    metrics = trainer.evaluate(num_eval_samples=2)  # KeyError 'turn_2/response_chars' before
+    assert "eval/turn_1/response_chars" in metrics and "eval/turn_2/response_chars" in metrics
+    # Termination-aware, as in training: turn 2 counts item 1 only; item 0 holds 1.0 for it.
+    assert metrics["eval/turn_1/reward_mean"] == pytest.approx(0.75)
+    assert metrics["eval/turn_2/reward_mean"] == pytest.approx(0.5)
+    assert metrics["eval/turn_1/expected_return"] == pytest.approx((2.0 + 1.0) / 2)
+    assert metrics["eval/turn_2/expected_return"] == pytest.approx(0.5)
+    # Beside them: every item's turn-2 answer (evaluation plays every turn) and the open share.
+    assert metrics["eval/turn_2/reward_mean_all"] == pytest.approx(0.75)
+    assert metrics["eval/turn_1/open_fraction"] == 1.0
+    assert metrics["eval/turn_2/open_fraction"] == 0.5
