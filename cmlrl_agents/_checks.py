@@ -6,10 +6,13 @@ public math function checks its inputs and names the argument, what it got and t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
-__all__ = ["check_float", "check_finite"]
+__all__ = ["check_float", "check_finite", "finite_metrics"]
 
 
 def check_float(
@@ -45,3 +48,28 @@ def check_finite(name: str, x: Tensor, valid: Tensor | None = None) -> None:
             f"{name} contains NaN or inf at index {where}; fix it upstream (model outputs, "
             "rewards) instead of training on it"
         )
+
+
+def finite_metrics(out: object, name: str) -> dict[str, float]:
+    """A user callback's metrics as ``{str: finite float}``, or an error naming the callback:
+    a NaN would otherwise land in the metric files as a bare ``NaN`` token (invalid JSON)."""
+    if not isinstance(out, Mapping):
+        raise TypeError(f"{name} must return a dict of str -> number, got {type(out).__name__}.")
+    metrics = {}
+    for key, value in out.items():
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(
+                f"{name} returned {key!r}: {value!r:.80}, which is not a number; return a dict "
+                "of str -> float."
+            ) from None
+        if not math.isfinite(number):
+            raise ValueError(
+                f"{name} returned {key!r}: {number}; metrics must be finite (guard empty "
+                "inputs, e.g. return {} when there is nothing to average)."
+            )
+        metrics[str(key)] = number
+    return metrics

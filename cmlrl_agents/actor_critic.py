@@ -15,9 +15,12 @@ minibatch for the whole team, i.e. once per round with the default ``train_batch
 ``ppo_epochs=1`` (the reference stepped it once per agent on the same data, B13).
 
 ``metrics_callback(rollouts)`` gets the round's :class:`RolloutSample` list once per round; its
-keys are merged into that round's training entry (logged at that env_step; with
-``logging_steps > 1`` averaged with the rounds in the same gap, never dropped). In evaluation it
-runs once per evaluated item and its values are averaged over items under ``eval/``.
+values are logged at once, at that round's env_step, whatever ``logging_steps`` is (SPEC §7). In
+evaluation it runs once per evaluated item and its values are averaged over items under
+``eval/``. A NaN or infinite value raises, naming the callback.
+
+With ``reference_kl_enabled`` each actor's loss gains ``reference_kl_coef`` times the k3 KL
+estimate to a frozen copy of its initial weights, as in the MAGRPO family.
 ``explained_variance`` (stable-baselines3's) is omitted from a round whose returns are all equal,
 where it is undefined (NaN would poison the averaged log entry).
 """
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 from datasets import Dataset, IterableDataset
 
+from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
 from cmlrl_agents.actor_critic_rollouts import (
     RolloutSample,
@@ -42,7 +46,8 @@ from cmlrl_agents.actor_critic_rollouts import (
     normalized,
     value_metrics,
 )
-from cmlrl_agents.losses import policy_gradient_loss, value_loss
+from cmlrl_agents.losses import kl_k3, policy_gradient_loss, value_loss
+from cmlrl_agents.magrpo import _frozen_copy, _kl_turn_means
 from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.rollout import RolloutTree, collect_tree
@@ -111,6 +116,12 @@ class _ActorCriticTrainer(TeamTrainer):
             wandb_config=wandb_config,
         )
         self.metrics_callback = metrics_callback
+        # Copied before any value head is attached to an actor: the reference is the policy only.
+        self.reference_models = (
+            [_frozen_copy(agent.model) for agent in self.agents]
+            if args.reference_kl_enabled
+            else None
+        )
         self.critics: list[ValueModel]
         self.critic_encoders: list[LLMAgent]  # tokenizer (and chat template) of each critic
         self.critics, self.critic_encoders = self._build_critics(
@@ -205,6 +216,10 @@ class _ActorCriticTrainer(TeamTrainer):
             )
         if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != count:
             tokenizer = tokenizer[0]  # the team's tokenizers differ only per agent
+        if critic_model is not None or all(isinstance(c, str) for c in critics or ()):
+            # A critic given by name or folder reads with the tokenizer saved beside it, not the
+            # actors' (its vocabulary and chat template may differ).
+            tokenizer = None
         encoders = build_agents(
             agent_model=critic_model,
             agents=critics,
@@ -236,16 +251,7 @@ class _ActorCriticTrainer(TeamTrainer):
     def _run_callback(self, samples: list[RolloutSample]) -> dict[str, float]:
         assert self.metrics_callback is not None
         out = self.metrics_callback(samples)
-        if not isinstance(out, Mapping):
-            raise TypeError(
-                f"metrics_callback must return a dict of str -> number, got {type(out).__name__}."
-            )
-        try:
-            return {str(k): float(v) for k, v in out.items()}
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"metrics_callback returned a non-numeric value in {dict(out)!r:.200}"
-            ) from exc
+        return finite_metrics(out, "metrics_callback")
 
     # -- rollouts ---------------------------------------------------------------------------------
     def _items_per_batch(self) -> int:
@@ -316,7 +322,9 @@ class _ActorCriticTrainer(TeamTrainer):
                     f"metrics_callback returned {clash}, which the trainer logs "
                     "itself; rename those keys."
                 )
-            metrics.update(extra)
+            # At rollout collection, not held back (or averaged) by the logging_steps gap.
+            self.logger.log_now(extra, self.env_step + tree.env_steps)
+        metrics.update(_kl_turn_means(metrics, self.num_agents))
         return metrics, tree.env_steps
 
     def _critic_agent(self, c: int) -> int:
@@ -386,6 +394,7 @@ class _ActorCriticTrainer(TeamTrainer):
         optimizer.zero_grad(set_to_none=True)
         size = args.forward_batch_size or len(idx)
         sums: dict[str, float] = defaultdict(float)
+        kl_by_turn: dict[int, list[float]] = defaultdict(list)
         for start in range(0, len(idx), size):
             chunk = idx[start : start + size]
             weight = len(chunk) / len(idx)
@@ -398,10 +407,19 @@ class _ActorCriticTrainer(TeamTrainer):
             total = losses["policy_loss"]
             if "value_loss" in losses:
                 total = total + args.value_loss_coef * losses["value_loss"]
+            kl = losses.pop("reference_kl", None)
+            if kl is not None:
+                total = total + args.reference_kl_coef * kl.mean()
+                for k, value in zip(chunk, kl.detach().tolist(), strict=True):
+                    kl_by_turn[samples[k].turn].append(value)
             (total * weight).backward()
             for key, value in losses.items():
                 sums[key] += float(value.detach()) * weight
         sums["grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
+        for turn, values in kl_by_turn.items():
+            mean = sum(values) / len(values)
+            sums[f"turn_{turn}/reference_kl_mean"] = mean
+            sums[f"turn_{turn}/reference_kl_penalty_mean"] = args.reference_kl_coef * mean
         return dict(sums)
 
     def _chunk_losses(
@@ -441,6 +459,10 @@ class _ActorCriticTrainer(TeamTrainer):
         }
         if values is not None:
             out["value_loss"] = self._value_loss(values, chunk)
+        if self.reference_models is not None:
+            with torch.no_grad():
+                ref = sequence_logprobs(self.reference_models[self.agents.index(agent)], batch)
+            out["reference_kl"] = kl_k3(logprobs, ref, mask)
         return out
 
     def _value_loss(self, values: torch.Tensor, rows: list[RolloutSample]) -> torch.Tensor:

@@ -234,6 +234,12 @@ class MetricsLogger:
         if step - self.last_logged_step >= self.logging_steps:
             self._emit_pending()
 
+    def log_now(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Emit ``metrics`` at once at ``step``, outside the ``logging_steps`` gap (IAC/MAAC's
+        ``metrics_callback`` values, logged at rollout collection: SPEC §7)."""
+        values = _check_metrics(metrics, "log_now")
+        self._emit(self._advance(step, "log_now"), values)
+
     def log_eval(self, metrics: Mapping[str, Any], step: int) -> None:
         """Emit evaluation metrics at once and write `eval-metrics.json` (with `env_step`)."""
         values = _check_metrics(metrics, "log_eval")

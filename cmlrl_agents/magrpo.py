@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from datasets import Dataset, IterableDataset
 
+from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.losses import kl_k3, policy_gradient_loss
 from cmlrl_agents.magrpo_config import (
@@ -183,7 +184,9 @@ class MAGRPOTrainer(TeamTrainer):
             batch_items=items,
             prompts=[item.get("prompt") for item in items],
         )
-        return dict(self.eval_aggregator(rows, num_turns=self.args.num_turns))
+        return finite_metrics(
+            self.eval_aggregator(rows, num_turns=self.args.num_turns), "eval_aggregator"
+        )
 
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
