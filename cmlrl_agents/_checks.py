@@ -1,4 +1,4 @@
-"""Input checks shared by the pure tensor math (advantages, returns, losses).
+"""Input checks shared by the pure tensor math (advantages, returns, losses) and the trainers.
 
 A silently broadcast or NaN tensor trains the policy on garbage without a visible error, so every
 public math function checks its inputs and names the argument, what it got and the fix.
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["check_float", "check_finite", "finite_metrics"]
+__all__ = ["check_eval_dataset", "check_float", "check_finite", "finite_metrics"]
 
 
 def check_float(
@@ -73,3 +74,20 @@ def finite_metrics(out: object, name: str) -> dict[str, float]:
             )
         metrics[str(key)] = number
     return metrics
+
+
+def check_eval_dataset(data: Any) -> None:
+    """An empty eval split would evaluate nothing and log empty rows; refuse it up front."""
+    if data is None:
+        return
+    from datasets import IterableDataset  # here: the tensor math importing this module needs none
+
+    if isinstance(data, IterableDataset):
+        empty = next(iter(data), None) is None  # one item read: it has no length
+    else:
+        empty = len(data) == 0
+    if empty:
+        raise ValueError(
+            "eval_dataset is empty, so evaluation would score no item; pass eval items (e.g. "
+            "the test part of train_test_split) or eval_dataset=None."
+        )

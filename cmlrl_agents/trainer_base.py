@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from datasets import Dataset, IterableDataset
 
+from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
@@ -93,7 +94,7 @@ class TeamTrainer:
             num_agents=n,
             model_config=model_config,
         )
-        _check_eval_dataset(eval_dataset)
+        check_eval_dataset(eval_dataset)
         self.eval_dataset = eval_dataset
         self.env_step = 0
         self.items_seen = 0
@@ -367,21 +368,6 @@ class TeamTrainer:
         self.epoch, self.epoch_position = state["epoch"], state["epoch_position"]
         self.items_seen, self.env_step = state["items_seen"], state["env_step"]
         self.logger.load_state_dict(state["logger"])
-
-
-def _check_eval_dataset(data: Dataset | IterableDataset | None) -> None:
-    """An empty eval split would evaluate nothing and log empty rows; refuse it up front."""
-    if data is None:
-        return
-    if isinstance(data, IterableDataset):
-        empty = next(iter(data), None) is None  # one item read: it has no length
-    else:
-        empty = len(data) == 0
-    if empty:
-        raise ValueError(
-            "eval_dataset is empty, so evaluation would score no item; pass eval items (e.g. "
-            "the test part of train_test_split) or eval_dataset=None."
-        )
 
 
 def _enumerate_items(

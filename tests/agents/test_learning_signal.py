@@ -13,7 +13,7 @@ from cmlrl_agents import MAGRPOTrainer, model_setup
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.magrpo import agent_samples
 from cmlrl_agents.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
-from cmlrl_agents.policy import SamplingConfig
+from cmlrl_agents.policy import LLMAgent, SamplingConfig
 from cmlrl_agents.returns import tree_returns
 from cmlrl_agents.rollout import collect_tree
 from cmlrl_agents.scripted import ScriptedPolicy
@@ -170,6 +170,22 @@ def test_a_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
     # Measured: 99.9 % here; 6.1 % when the weights stay in bf16. (Embedding rows of bytes
     # that never occur get no gradient, hence not 100 %.)
     assert moved / total > 0.99
+
+
+def test_a_lora_adapter_on_a_bf16_base_trains_in_fp32_and_the_base_stays_bf16():
+    peft = pytest.importorskip("peft")
+    tokenizer = tiny_tokenizer()
+    base = tiny_model(len(tokenizer)).to(torch.bfloat16)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(base, config, autocast_adapter_dtype=False)  # bf16 adapters
+    agent = LLMAgent(model, tokenizer)
+    assert agent.loaded_dtype == torch.bfloat16
+    dtypes = {(p.dtype, p.requires_grad) for p in model.parameters()}
+    assert dtypes == {(torch.bfloat16, False), (torch.float32, True)}
+    ((completion, _),) = agent.generate(["hi"], 2, SamplingConfig(max_new_tokens=4))
+    agent.logprobs([completion.prompt_ids], [completion.completion_ids]).sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and g.dtype == torch.float32 for g in grads)
 
 
 # --------------------------------------------------- 4. generation settings are ours alone
