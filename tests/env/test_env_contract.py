@@ -103,7 +103,7 @@ def test_options_item_plays_a_given_item() -> None:
     env = CoMLRLEnv(prompts_dataset(), None, reward)
     obs, infos = env.reset(options={"item": {"prompt": "custom", "answer": 42}})
     assert obs == {"agent_0": "custom", "agent_1": "custom"}
-    assert infos["agent_0"]["item_index"] is None
+    assert infos["agent_0"]["item_index"] == -1  # GIVEN_ITEM_INDEX: never None
     play(env)
     assert seen == [{"prompt": "custom", "answer": 42}]
 
@@ -267,6 +267,8 @@ def test_formatter_with_external_prompts_receives_the_transitions_prompt() -> No
 def test_infos_report_turn_item_and_raw_reward() -> None:
     env = CoMLRLEnv(prompts_dataset(), None, lambda c1, c2: [0.25])
     _, infos = env.reset()
-    assert infos == {a: {"turn": 0, "item_index": 0} for a in ("agent_0", "agent_1")}
+    assert infos == {
+        a: {"turn": 0, "item_index": 0, "raw_reward": 0.0} for a in ("agent_0", "agent_1")
+    }
     *_, infos = env.step({"agent_0": "x", "agent_1": "y"})
     assert infos["agent_1"] == {"turn": 1, "item_index": 0, "raw_reward": 0.25}

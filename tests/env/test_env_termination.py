@@ -1,4 +1,4 @@
-"""Termination: turn budget (truncation), early termination, the default-threshold warning."""
+"""Termination: the task's end and an early end (never truncation); the threshold warning."""
 
 from __future__ import annotations
 
@@ -38,23 +38,24 @@ def test_default_threshold_is_the_seeds() -> None:
     assert DEFAULT_EARLY_TERMINATION_THRESHOLD == -0.2
 
 
-def test_single_turn_episode_is_truncated_after_one_step() -> None:
+def test_single_turn_episode_terminates_after_one_step() -> None:
+    # The last reward scores the last answer: the task is over, nothing is left to bootstrap.
     env = CoMLRLEnv(Dataset.from_dict({"prompt": ["p"]}), None, constant(0.5))
     env.reset()
     _, terms, truncs = step(env)
-    assert terms == {"agent_0": False, "agent_1": False}
-    assert truncs == {"agent_0": True, "agent_1": True}
+    assert terms == {"agent_0": True, "agent_1": True}
+    assert truncs == {"agent_0": False, "agent_1": False}
     assert env.agents == []
 
 
-def test_episode_is_truncated_after_num_turns() -> None:
+def test_episode_terminates_after_num_turns() -> None:
     env = multi_turn_env(constant(0.5), num_turns=3, early_termination_threshold=None)
     env.reset()
     history = [step(env)[1:] for _ in range(3)]
     assert [(t["agent_0"], tr["agent_0"]) for t, tr in history] == [
         (False, False),
         (False, False),
-        (False, True),
+        (True, False),
     ]
     assert env.agents == []
 
@@ -75,7 +76,7 @@ def test_episode_goes_on_when_the_reward_does_not_exceed_the_threshold(reward: f
     _, terms, _ = step(env)
     assert terms["agent_0"] is False and env.agents == ["agent_0", "agent_1"]
     _, terms, truncs = step(env)
-    assert (terms["agent_0"], truncs["agent_0"]) == (False, True)
+    assert (terms["agent_0"], truncs["agent_0"]) == (True, False)
 
 
 def test_threshold_compares_the_processed_reward() -> None:
