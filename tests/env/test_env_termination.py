@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
+import gymnasium
 import pytest
 from datasets import Dataset
 
-from cmlrl_env import DEFAULT_EARLY_TERMINATION_THRESHOLD, CoMLRLEnv, Task
+from cmlrl_env import (
+    DEFAULT_EARLY_TERMINATION_THRESHOLD,
+    CoMLRLEnv,
+    ConformanceError,
+    Task,
+    check_text_contract,
+)
+from cmlrl_env.gymnasium_view import GYMNASIUM_ID
 from cmlrl_env.tasks import feedback_dataset, feedback_ratio_reward, length_feedback
 
 
@@ -160,3 +169,34 @@ def test_no_warning_when_some_branch_goes_on() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         task.step_group([root], [[("bad", "x"), ("good", "x")]])
+
+
+def test_an_external_limit_truncates_while_the_task_end_terminates() -> None:
+    env_fn = functools.partial(
+        multi_turn_env, constant(0.5), num_turns=3, early_termination_threshold=None
+    )
+    partners = {"agent_1": lambda prompt: "answer"}
+    limited = gymnasium.make(GYMNASIUM_ID, env_fn=env_fn, partners=partners, max_episode_steps=2)
+    limited.reset(seed=0)
+    assert limited.step("answer")[2:4] == (False, False)
+    assert limited.step("answer")[2:4] == (False, True)  # TimeLimit: a limit outside the task
+    unlimited = gymnasium.make(GYMNASIUM_ID, env_fn=env_fn, partners=partners)
+    unlimited.reset(seed=0)
+    assert [unlimited.step("answer")[2:4] for _ in range(3)] == [
+        (False, False),
+        (False, False),
+        (True, False),
+    ]
+
+
+def test_the_text_contract_rejects_an_env_that_truncates_its_own_task() -> None:
+    class Truncating(CoMLRLEnv):
+        def step(self, actions):  # type: ignore[no-untyped-def]
+            obs, rewards, terms, truncs, infos = super().step(actions)
+            return obs, rewards, {a: False for a in terms}, {a: True for a in truncs}, infos
+
+    def env_fn(**kwargs: object) -> CoMLRLEnv:
+        return Truncating(Dataset.from_dict({"prompt": ["p"]}), None, constant(0.5), **kwargs)
+
+    with pytest.raises(ConformanceError, match=r"terminations .* after the last of num_turns=1"):
+        check_text_contract(env_fn)
