@@ -88,12 +88,8 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
                 f"render_mode={render_mode!r} is not supported; choose one of "
                 f"{self.metadata['render_modes']} or None."
             )
-        for name, value in (
-            ("max_prompt_chars", max_prompt_chars),
-            ("max_completion_chars", max_completion_chars),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+        _check_char_limit("max_prompt_chars", max_prompt_chars)
+        _check_char_limit("max_completion_chars", max_completion_chars)
         self.source = TaskSource(dataset, item_order=item_order)
         self.task = Task(
             formatters,
@@ -280,6 +276,11 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     def close(self) -> None:
         self._state = None
         self.agents = []
+
+
+def _check_char_limit(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
 
 
 def _check_options(options: object) -> dict[str, Any]:
