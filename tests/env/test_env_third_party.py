@@ -179,3 +179,24 @@ def test_torchrl_gym_wrapper_steps_the_single_agent_view() -> None:
     td = single.step(td)
     assert td["next", "reward"].item() == 1.0
     assert td["next", "terminated"].item() and not td["next", "truncated"].item()
+
+
+def test_torchrl_serial_env_copies_play_different_items() -> None:
+    pytest.importorskip("torch")
+    from tensordict import NonTensorStack
+    from torchrl.envs import GymWrapper, SerialEnv
+
+    def make() -> GymWrapper:
+        return GymWrapper(as_gymnasium(quiz_env(dict_observations=True), partners=PARTNERS))
+
+    copies = SerialEnv(3, make)
+    copies.set_seed(10)  # TorchRL derives a different seed for each copy
+    rollout = copies.rollout(
+        4,
+        policy=lambda td: td.set("action", NonTensorStack("a", "b", "c")),
+        break_when_any_done=False,
+    )
+    played = [list(row) for row in rollout["prompt"]]  # [copy][step]
+    for step in zip(*played, strict=True):
+        assert len(set(step)) == 3, step
+    copies.close()
