@@ -10,7 +10,7 @@ import hashlib
 import json
 import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +73,19 @@ def load_checkpoint(
     models: Mapping[str, torch.nn.Module],
     optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
     schedulers: Mapping[str, Any] | None = None,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Restore a `save_checkpoint` folder in place (weights, optimizers, schedulers, RNG).
 
     The names passed must be exactly the names saved. Everything is verified (checksums,
-    tensor names and shapes, optimizer groups) before the first model changes, so a
-    `CheckpointError` leaves every model and optimizer as it was. Returns the saved
-    `trainer_state`.
+    tensor names and shapes, optimizer groups, and `check(trainer_state)` when given, which
+    raises to refuse the checkpoint) before the first model changes, so an error leaves every
+    model and optimizer as it was. Returns the saved `trainer_state`.
     """
     path = Path(path)
     manifest = read_checkpoint(path)
+    if check is not None:
+        check(manifest["trainer_state"])
     optimizers, schedulers = dict(optimizers or {}), dict(schedulers or {})
     for arg, given, saved in (
         ("models", models, manifest["models"]),
