@@ -30,7 +30,7 @@ from cmlrl_agents.runs import (
     new_run_id,
 )
 from cmlrl_agents.team import build_agents, resolve_num_agents
-from cmlrl_agents.trainer_runs import RunMixin, resume_target
+from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv
 from cmlrl_env.core import Task
 
@@ -242,13 +242,17 @@ class TeamTrainer(RunMixin):
         )
 
     # -- the loop -----------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: str | Path | bool | None = None) -> dict[str, float]:
+    def train(
+        self, resume_from_checkpoint: str | Path | bool | None = None, **unsupported: Any
+    ) -> dict[str, float]:
         """Train for ``args.num_train_epochs`` passes over the training items.
 
         ``resume_from_checkpoint``: a checkpoint folder, ``"latest"`` (or ``True``) for the
         newest under ``output_dir/checkpoints``; None starts fresh, which is refused in a folder
         holding another run's checkpoints unless ``args.overwrite_output_dir``.
         """
+        if unsupported:  # comlrl scripts pass checkpoint_dir=... or generate kwargs here
+            raise train_kwargs_error(unsupported)
         resume = resume_target(resume_from_checkpoint)
         if self.env is None:
             raise ValueError(

@@ -18,7 +18,24 @@ from cmlrl_agents.logging import MetricsLogger
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.runs import check_identity, clear_checkpoints, foreign_checkpoints
 
-__all__ = ["RunMixin", "resume_target"]
+__all__ = ["RunMixin", "resume_target", "train_kwargs_error"]
+
+# comlrl's train() took its checkpoint settings and extra generate() kwargs.
+_COMLRL_TRAIN_KWARGS = {
+    "checkpoint_dir": "args.output_dir (checkpoints go to output_dir/checkpoints/)",
+    "checkpoint_interval": "args.save_steps (counted in training task items, not epochs)",
+    "checkpoint_total_limit": "args.save_total_limit",
+}
+
+
+def train_kwargs_error(kwargs: dict[str, Any]) -> TypeError:
+    """The error for keyword arguments that ``train()`` does not take, saying where each goes."""
+    other = (
+        "a config field if it is a generation setting (max_new_tokens, temperature, top_p, "
+        "top_k, min_new_tokens); other generate() options are not supported"
+    )
+    parts = [f"{name} -> {_COMLRL_TRAIN_KWARGS.get(name, other)}" for name in kwargs]
+    return TypeError("train() takes only resume_from_checkpoint; got " + "; ".join(parts) + ".")
 
 
 def resume_target(value: Any) -> str | Path | None:

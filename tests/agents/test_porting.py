@@ -267,3 +267,19 @@ def test_model_names_go_into_the_run_config(model_folder, tmp_path):
 def test_critic_arguments_are_checked_before_any_model_loads(cls, config, critics, message):
     with pytest.raises(ValueError, match=message):
         cls(agent_model=MISSING_MODEL, train_dataset=train_items(), args=config, **TASK, **critics)
+
+
+def test_comlrl_train_arguments_say_where_they_went(tmp_path):
+    trainer = MAGRPOTrainer(
+        agents=[tiny_agent(0), tiny_agent(1)],
+        train_dataset=train_items(),
+        args=MAGRPOConfig(**small(), output_dir=str(tmp_path)),
+        **TASK,
+    )
+    with pytest.raises(TypeError) as err:
+        trainer.train(checkpoint_dir="ck", checkpoint_interval=1, repetition_penalty=1.2)
+    message = str(err.value)
+    assert "checkpoint_dir -> args.output_dir" in message
+    assert "checkpoint_interval -> args.save_steps (counted in training task items" in message
+    assert "repetition_penalty -> a config field if it is a generation setting" in message
+    assert trainer.items_seen == 0
