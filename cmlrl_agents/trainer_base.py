@@ -22,13 +22,7 @@ from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
 from cmlrl_agents.rollout import RolloutTree, collect_tree
-from cmlrl_agents.runs import (
-    dataset_fingerprint,
-    default_run_dir,
-    foreign_checkpoints,
-    model_name,
-    new_run_id,
-)
+from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.team import build_agents, resolve_num_agents
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv
@@ -171,20 +165,6 @@ class TeamTrainer(RunMixin):
                     )
         value.fix_fields(self.fixed_fields, type(self).__name__)
         self._args = value
-
-    def _identity(self) -> dict[str, Any]:
-        """What a checkpoint must share with this trainer to be resumed (see runs.py)."""
-        config = self.args.to_dict()
-        return {
-            "algorithm": self.algorithm,
-            "num_agents": self.num_agents,
-            "models": self.model_names,
-            "model_classes": [type(a.model).__name__ for a in self.agents],
-            "model_parameters": [sum(p.numel() for p in a.model.parameters()) for a in self.agents],
-            "num_turns": config["num_turns"],
-            "num_generations": config["num_generations"],
-            "train_dataset": None if self.env is None else dataset_fingerprint(self._dataset()),
-        }
 
     # -- construction helpers ---------------------------------------------------------------
     def _build_env(

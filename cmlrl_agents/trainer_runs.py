@@ -16,7 +16,12 @@ from cmlrl_agents.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import MetricsLogger
 from cmlrl_agents.policy import LLMAgent
-from cmlrl_agents.runs import check_identity, clear_checkpoints, foreign_checkpoints
+from cmlrl_agents.runs import (
+    check_identity,
+    clear_checkpoints,
+    dataset_fingerprint,
+    foreign_checkpoints,
+)
 
 __all__ = ["RunMixin", "resume_target", "train_kwargs_error"]
 
@@ -63,13 +68,28 @@ class RunMixin:
     logger: MetricsLogger
     run_dir: Path
     run_id: str
+    num_agents: int
+    model_names: list[str]
+    env: Any
     epoch: int
     epoch_position: int
     items_seen: int
     env_step: int
 
     def _identity(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """What a checkpoint must share with this trainer to be resumed (see runs.py)."""
+        config = self.args.to_dict()
+        data = None if self.env is None else self.env.source.dataset
+        return {
+            "algorithm": self.algorithm,
+            "num_agents": self.num_agents,
+            "models": self.model_names,
+            "model_classes": [type(a.model).__name__ for a in self.agents],
+            "model_parameters": [sum(p.numel() for p in a.model.parameters()) for a in self.agents],
+            "num_turns": config["num_turns"],
+            "num_generations": config["num_generations"],
+            "train_dataset": dataset_fingerprint(data),
+        }
 
     # -- the run folder ---------------------------------------------------------------------
     @property
