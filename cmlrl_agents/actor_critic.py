@@ -101,9 +101,7 @@ class _ActorCriticTrainer(TeamTrainer):
                 f"got {metrics_callback!r}."
             )
         team = self.team_size(args, num_agents, agents, formatters, env)
-        count = check_critic_args(
-            type(self).__name__, args, critic_model, critics, team, centralized=self.centralized
-        )
+        count = check_critic_args(self, args, critic_model, critics, team)
         super().__init__(
             args=args,
             agent_model=agent_model,
@@ -121,7 +119,7 @@ class _ActorCriticTrainer(TeamTrainer):
             wandb_config=wandb_config,
             extra_config={"critic_models": critic_names(critic_model, critics, count)},
         )
-        self._critic_names = critic_names(critic_model, critics, count)
+        self._critic_names: list[str] = self.logger.config["critic_models"]
         self.metrics_callback = metrics_callback
         self.critics: list[ValueModel]
         self.critic_encoders: list[LLMAgent]  # tokenizer (and chat template) of each critic

@@ -17,15 +17,16 @@ __all__ = ["check_critic_args", "critic_names"]
 
 
 def check_critic_args(
-    trainer: str,
+    trainer: Any,
     args: ActorCriticConfig,
     critic_model: Any,
     critics: Sequence[Any] | None,
     num_agents: int,
-    *,
-    centralized: bool,
 ) -> int:
-    """The number of separate critics the arguments give (0: value heads on the actors)."""
+    """The number of separate critics the arguments give (0: value heads on the actors);
+    ``trainer`` is the IAC/MAAC trainer being built (its class says which)."""
+    centralized: bool = trainer.centralized
+    name = type(trainer).__name__
     given = critic_model is not None or critics is not None
     separate = centralized or args.to_dict()["use_separate_critic"]
     if not separate:
@@ -67,7 +68,7 @@ def check_critic_args(
             )
         if len(critics) != count:
             raise ValueError(
-                f"critics has {len(critics)} model(s); {trainer} needs {count} (one per "
+                f"critics has {len(critics)} model(s); {name} needs {count} (one per "
                 f"{'agent' if count > 1 else 'team'})."
             )
     resolve_devices(args.critic_devices, count, "critic_devices", "critic")

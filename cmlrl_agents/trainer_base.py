@@ -78,13 +78,7 @@ class TeamTrainer(RunMixin):
         n = self.team_size(args, num_agents, agents, formatters, env)
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
-        if args.reference_devices is not None and not args.to_dict().get("reference_kl_enabled"):
-            raise ValueError(
-                f"reference_devices={args.reference_devices!r} places the frozen reference "
-                "models, which exist only with reference_kl_enabled=True; set that or drop "
-                "reference_devices."
-            )
-        resolve_devices(args.reference_devices, n, "reference_devices")  # fail before loading
+        _check_reference_devices(args, n)
         if env is not None:
             given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
             self._check_env(env, *given)
@@ -113,19 +107,24 @@ class TeamTrainer(RunMixin):
         self.epoch_position = 0
         self.run_id = new_run_id()
         self.run_dir = Path(args.output_dir or default_run_dir(self.algorithm, self.run_id))
+        self.logger = self._make_logger(wandb_config, extra_config)
+
+    def _make_logger(
+        self, wandb_config: Mapping[str, Any] | None, extra_config: Mapping[str, Any] | None
+    ) -> MetricsLogger:
         run_config = {
             "algorithm": self.algorithm,
-            "num_agents": n,
+            "num_agents": self.num_agents,
             "models": self.model_names,
             **dict(extra_config or {}),
-            **args.to_dict(),
+            **self.args.to_dict(),
         }
-        self.logger = MetricsLogger(
+        return MetricsLogger(
             self.run_dir,
-            logging_steps=args.logging_steps,
+            logging_steps=self.args.logging_steps,
             wandb_config=None if wandb_config is None else dict(wandb_config),
             run_config=run_config,
-            verbose=args.verbose,
+            verbose=self.args.verbose,
             # Another run's config.json stays until train() knows: resume it, or replace it.
             write_config=not foreign_checkpoints(self.checkpoint_root, self.run_id),
         )
@@ -353,6 +352,16 @@ class TeamTrainer(RunMixin):
             values[f"turn_{level.turn}/reward_mean"] = level.rewards.reshape(-1).tolist()
             values[f"turn_{level.turn}/expected_return"] = ret.reshape(-1).tolist()
         return values
+
+
+def _check_reference_devices(args: SharedConfig, num_agents: int) -> None:
+    if args.reference_devices is not None and not args.to_dict().get("reference_kl_enabled"):
+        raise ValueError(
+            f"reference_devices={args.reference_devices!r} places the frozen reference "
+            "models, which exist only with reference_kl_enabled=True; set that or drop "
+            "reference_devices."
+        )
+    resolve_devices(args.reference_devices, num_agents, "reference_devices")  # before loading
 
 
 def _enumerate_items(
