@@ -62,6 +62,12 @@ class ValidatedConfig:
         fixed = {**self._fixed, **dict.fromkeys(names, owner)}
         object.__setattr__(self, "_fixed", fixed)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (copy.deepcopy, pickle) is a new config for a new trainer: nothing fixed yet.
+        state = dict(self.__dict__)
+        state.pop("_fixed", None)
+        return state
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 

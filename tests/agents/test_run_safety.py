@@ -273,6 +273,18 @@ def test_fields_read_at_construction_refuse_a_new_value(tmp_path, field, value):
         trainer.args = MAGRPOConfig(**{**trainer.args.to_dict(), field: value})
 
 
+def test_a_copy_of_a_trainers_config_is_free_to_change(tmp_path):
+    import copy
+    import pickle
+
+    trainer = make(tmp_path / "run")
+    for clone in (copy.deepcopy(trainer.args), pickle.loads(pickle.dumps(trainer.args))):
+        clone.num_turns = 2
+        assert clone.num_turns == 2 and trainer.args.num_turns == 1
+        with pytest.raises(ValueError, match="top_p"):
+            clone.top_p = 2.0  # still validated
+
+
 def test_logging_steps_and_learning_rate_changed_after_construction_take_effect(tmp_path):
     trainer = make(tmp_path / "run")
     trainer.args.logging_steps = 8
