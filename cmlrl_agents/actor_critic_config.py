@@ -45,6 +45,9 @@ class ActorCriticConfig(SharedConfig):
     advantages are normalised over a round, which needs more than one or two samples."""
     value_head_hidden_dim: int | None = None
     """None: a linear value head; an int: a tanh MLP of that width."""
+    critic_devices: str | list[str] | None = None
+    """Where separate critics live (one per critic, or one for all; "auto" as for
+    ``agent_devices``). None: beside the agent each critic serves."""
     top_k: int | None = None
     eval_interval: int = 16
     logging_steps: int = 1
@@ -60,6 +63,7 @@ class ActorCriticConfig(SharedConfig):
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
         self._int("ppo_epochs", 1)
         self._int("value_head_hidden_dim", 1, optional=True)
+        self._devices("critic_devices")
         self._check_combinations()
 
     def _check_combinations(self) -> None:
