@@ -171,7 +171,9 @@ class SharedConfig(ValidatedConfig):
     seed: int | None = None
     """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
     output_dir: str | None = None
-    """Local metrics, config, plots and checkpoints (None: ``runs/<algorithm>-<time>``)."""
+    """Local metrics, config, plots and checkpoints.
+
+    None: ``runs/<algorithm>-<date>-<time>-<run id>``, a new folder per trainer."""
     rollout_buffer_size: int = 2
     """Task items rolled out together (one batched generate per agent and turn) per update."""
     train_batch_size: int | None = None
