@@ -37,6 +37,7 @@ import torch
 from datasets import Dataset, IterableDataset
 
 from cmlrl_agents._checks import finite_metrics
+from cmlrl_agents.actor_critic_checks import check_critic_args, critic_names
 from cmlrl_agents.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
 from cmlrl_agents.actor_critic_rollouts import (
     RolloutSample,
@@ -46,6 +47,7 @@ from cmlrl_agents.actor_critic_rollouts import (
     normalized,
     value_metrics,
 )
+from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.losses import kl_k3, policy_gradient_loss, value_loss
 from cmlrl_agents.magrpo import _frozen_copy, _kl_turn_means
 from cmlrl_agents.optim import clip_and_step, make_adamw
@@ -67,6 +69,10 @@ class _ActorCriticTrainer(TeamTrainer):
     config_class: type[ActorCriticConfig] = ActorCriticConfig
     centralized = False
     """True: one critic for the team over the joint transcript (MAAC)."""
+    fixed_fields = (
+        *TeamTrainer.fixed_fields,
+        *("critic_devices", "value_head_hidden_dim", "critic_type", "reference_kl_enabled"),
+    )
 
     def __init__(
         self,
@@ -99,6 +105,8 @@ class _ActorCriticTrainer(TeamTrainer):
                 f"metrics_callback must be callable(rollouts) -> dict[str, float], "
                 f"got {metrics_callback!r}."
             )
+        team = self.team_size(args, num_agents, agents, formatters, env)
+        count = check_critic_args(self, args, critic_model, critics, team)
         super().__init__(
             args=args,
             agent_model=agent_model,
@@ -114,11 +122,17 @@ class _ActorCriticTrainer(TeamTrainer):
             external_transition=external_transition,
             env=env,
             wandb_config=wandb_config,
+            extra_config={"critic_models": critic_names(critic_model, critics, count)},
         )
+        self._critic_names: list[str] = self.logger.config["critic_models"]
         self.metrics_callback = metrics_callback
         # Copied before any value head is attached to an actor: the reference is the policy only.
+        ref_devices = resolve_devices(args.reference_devices, self.num_agents, "reference_devices")
         self.reference_models = (
-            [_frozen_copy(agent.model) for agent in self.agents]
+            [
+                _frozen_copy(agent.model, None if ref_devices is None else ref_devices[i])
+                for i, agent in enumerate(self.agents)
+            ]
             if args.reference_kl_enabled
             else None
         )
@@ -152,25 +166,10 @@ class _ActorCriticTrainer(TeamTrainer):
         tokenizer: Any,
         model_config: Mapping[str, Any] | None,
     ) -> tuple[list[ValueModel], list[LLMAgent]]:
-        given = critic_model is not None or critics is not None
-        if self.centralized or self.args.use_separate_critic:
-            if not given:
-                raise ValueError(
-                    "MAACTrainer needs its centralised critic: pass critic_model='<name or "
-                    "folder>' or critics=[model]."
-                    if self.centralized
-                    else "use_separate_critic=True needs critic_model='<name or folder>' or "
-                    "critics=[one model per agent]; or set IACConfig(use_separate_critic=False) "
-                    "for a value head on each actor."
-                )
+        # check_critic_args has vetted the arguments before any model was loaded.
+        if critic_model is not None or critics is not None:
             count = 1 if self.centralized else self.num_agents
             return self._load_critics(critic_model, critics, count, tokenizer, model_config)
-        if given:
-            raise ValueError(
-                "use_separate_critic=False puts the value head on each actor, so "
-                "critic_model/critics would be unused; drop them or set "
-                "use_separate_critic=True."
-            )
         hidden = self.args.value_head_hidden_dim
         return (
             [ValueModel(agent.model, shared=True, head_hidden_dim=hidden) for agent in self.agents],
@@ -203,17 +202,7 @@ class _ActorCriticTrainer(TeamTrainer):
         model_config: Mapping[str, Any] | None,
     ) -> tuple[list[ValueModel], list[LLMAgent]]:
         if critic_model is not None and not isinstance(critic_model, str):
-            critics, critic_model = [critic_model] * count, None
-            if count > 1:
-                raise ValueError(
-                    f"critic_model is one model object but {count} critics are "
-                    "needed; pass critics=[one model per agent] or a model name."
-                )
-        if critics is not None and len(critics) != count:
-            raise ValueError(
-                f"critics has {len(critics)} model(s); {type(self).__name__} needs "
-                f"{count} (one per {'agent' if count > 1 else 'team'})."
-            )
+            critics, critic_model = [critic_model], None  # count is 1 (checked)
         if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != count:
             tokenizer = tokenizer[0]  # the team's tokenizers differ only per agent
         if critic_model is not None or all(isinstance(c, str) for c in critics or ()):
@@ -226,9 +215,33 @@ class _ActorCriticTrainer(TeamTrainer):
             tokenizer=tokenizer,
             num_agents=count,
             model_config=model_config,
+            devices=self._critic_devices(count),
+            devices_field="critic_devices",
         )
         hidden = self.args.value_head_hidden_dim
         return [ValueModel(e.model, head_hidden_dim=hidden) for e in encoders], encoders
+
+    def _critic_devices(self, count: int) -> list[torch.device] | None:
+        """``critic_devices``; without it, beside the agent each critic serves when the agents
+        were placed by ``agent_devices`` (else where ``model_config`` puts models)."""
+        devices = resolve_devices(self.args.critic_devices, count, "critic_devices", "critic")
+        if devices is None and self.args.agent_devices is not None:
+            devices = [self.agents[self._critic_agent(c)].device for c in range(count)]
+        return devices
+
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "critic_models": self._critic_names}
+
+    def _apply_learning_rates(self) -> None:
+        """Actors at ``agent_learning_rate``, critics (heads included) at ``critic_lr``."""
+        args = self.args
+        for optimizer in self.optimizers:
+            optimizer.param_groups[0]["lr"] = args.agent_learning_rate
+            for group in optimizer.param_groups[1:]:  # a value head on the actor
+                group["lr"] = args.critic_lr
+        for optimizer in self.critic_optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = args.critic_lr
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -460,8 +473,10 @@ class _ActorCriticTrainer(TeamTrainer):
         if values is not None:
             out["value_loss"] = self._value_loss(values, chunk)
         if self.reference_models is not None:
+            reference = self.reference_models[self.agents.index(agent)]
             with torch.no_grad():
-                ref = sequence_logprobs(self.reference_models[self.agents.index(agent)], batch)
+                ref_device = next(reference.parameters()).device
+                ref = sequence_logprobs(reference, batch.to(ref_device)).to(device)
             out["reference_kl"] = kl_k3(logprobs, ref, mask)
         return out
 
@@ -529,6 +544,7 @@ class IACTrainer(_ActorCriticTrainer):
     algorithm = "iac"
     config_class = IACConfig
     centralized = False
+    fixed_fields = (*_ActorCriticTrainer.fixed_fields, "use_separate_critic")
 
 
 class MAACTrainer(_ActorCriticTrainer):

@@ -49,6 +49,9 @@ class ActorCriticConfig(SharedConfig):
     """Penalise each actor's divergence from a frozen copy of its initial weights (a
     ``reference_kl_coef`` · KL loss term, as in the MAGRPO family)."""
     reference_kl_coef: float = 0.1
+    critic_devices: str | list[str] | None = None
+    """Where separate critics live (one per critic, or one for all; "auto" as for
+    ``agent_devices``). None: beside the agent each critic serves."""
     top_k: int | None = None
     eval_interval: int = 16
     logging_steps: int = 1
@@ -66,6 +69,7 @@ class ActorCriticConfig(SharedConfig):
         self._int("value_head_hidden_dim", 1, optional=True)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
+        self._devices("critic_devices")
         self._check_combinations()
 
     def _check_combinations(self) -> None:

@@ -203,3 +203,10 @@ def test_the_reference_kl_term_changes_the_actor_update(tmp_path):
 
 def copy_params(model):
     return [p.detach().clone() for p in model.parameters()]
+
+
+def test_reference_kl_enabled_cannot_change_after_construction(tmp_path):
+    trainer = _build(IACTrainer, _config(IACConfig, tmp_path, use_separate_critic=False))
+    with pytest.raises((AttributeError, ValueError, TypeError), match="reference_kl_enabled"):
+        trainer.args.reference_kl_enabled = True
+    trainer.args.reference_kl_coef = 0.2  # read at every step: may change
