@@ -1,8 +1,10 @@
 """What every trainer shares: the team, the env, the training loop, evaluation, logging, saving.
 
-A concrete trainer supplies two verbs, ``_train_batch(items) -> (metrics, env_steps)`` and its
-optimizer/model state for checkpoints; everything else (the schedule counted in task items, the
-evaluation of SPEC §5, the metric names of SPEC §7, checkpoints) lives here once.
+The trainer is the loop: collect a round's rollouts (``_train_batch``), hand them to its
+``learner`` (an object with a public ``update(batch) -> metrics`` that holds the optimizers and
+reference models, see :mod:`cmlrl_agents.policy_gradient` and
+:mod:`cmlrl_agents.actor_critic_learner`), log, evaluate and checkpoint. The schedule counted in
+task items, the evaluation of SPEC §5 and checkpoints live here once.
 """
 
 from __future__ import annotations
@@ -32,20 +34,9 @@ from cmlrl_env import CoMLRLEnv
 from cmlrl_env.core import Task
 from cmlrl_env.dataset import stream_pass
 
-__all__ = ["TeamTrainer", "turn_metrics"]
+__all__ = ["TeamTrainer"]
 
 Item = tuple[Mapping[str, Any], int | None]
-
-
-def turn_metrics(
-    tree: RolloutTree, returns: list[torch.Tensor], prefix: str = ""
-) -> dict[str, float]:
-    """``turn_k/reward_mean`` and ``turn_k/expected_return`` over every joint action of turn k."""
-    metrics = {}
-    for level, ret in zip(tree.levels, returns, strict=True):
-        metrics[f"{prefix}turn_{level.turn}/reward_mean"] = float(level.rewards.mean())
-        metrics[f"{prefix}turn_{level.turn}/expected_return"] = float(ret.mean())
-    return metrics
 
 
 class TeamTrainer(RunMixin):
@@ -169,6 +160,8 @@ class TeamTrainer(RunMixin):
                     )
         value.fix_fields(self.fixed_fields, type(self).__name__)
         self._args = value
+        if "learner" in self.__dict__:  # the learner reads the config at every update
+            self.learner.args = value
 
     # -- construction helpers ---------------------------------------------------------------
     def _build_env(

@@ -64,7 +64,8 @@ class RunMixin:
     algorithm: str
     args: SharedConfig
     agents: list[LLMAgent]
-    optimizers: list[torch.optim.Optimizer]
+    learner: Any
+    """The algorithm's learner: ``checkpoint_parts()`` and ``apply_learning_rates()``."""
     logger: MetricsLogger
     run_dir: Path
     run_id: str
@@ -110,11 +111,8 @@ class RunMixin:
         clear_checkpoints(foreign)
 
     def _apply_learning_rates(self) -> None:
-        """Set every optimizer group to the config's learning rate: a resumed optimizer brings
-        its saved lr, and the config (possibly changed for the resume) must win."""
-        for optimizer in self.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = self.args.agent_learning_rate
+        """The config's learning rates win over those a resumed optimizer brings."""
+        self.learner.apply_learning_rates()
 
     # -- saving -------------------------------------------------------------------------------
     def save_model(self, output_dir: str | Path) -> None:
@@ -130,10 +128,8 @@ class RunMixin:
             self.save_checkpoint()
 
     def _checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
-        """The trainable models and their optimizers, by name (a trainer may add critics)."""
-        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
-        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
-        return models, optimizers
+        """The trainable models and their optimizers, by name (the learner's)."""
+        return self.learner.checkpoint_parts()
 
     def save_checkpoint(self) -> Path:
         """``run_dir/checkpoints/checkpoint-<items seen>``: weights, optimizers, RNG, position,

@@ -323,17 +323,14 @@ def test_chunked_forwards_give_the_same_gradients(tmp_path, cls, cfg_cls, critic
             tree = collect_tree(
                 trainer.task, trainer.agents, items, num_generations=1, sampling=trainer.sampling
             )
-            inputs = trainer._critic_inputs(tree)
-            rollouts = (trainer._rollouts(tree, normalize=True, inputs=inputs), inputs)
+            rollouts = trainer.learner.batch(tree)
         # Record the gradients each optimizer would apply (the step frees them afterwards).
         seen: list[torch.Tensor] = []
         for optimizer in trainer.optimizers[:1] + trainer.critic_optimizers:
             optimizer.step = functools.partial(_record_grads, optimizer, seen)
         for optimizer in trainer.optimizers[1:]:
             optimizer.step = lambda *args, **kwargs: None
-        samples, inputs = rollouts
-        old = [trainer._old_logprobs(a, samples[a]) for a in range(2)]
-        metrics = trainer._update(samples, inputs, old)
+        metrics = trainer.learner.update(rollouts)
         grads.append(seen)
         assert math.isfinite(metrics["agent_0/policy_loss"])
     assert len(grads[0]) == len(grads[1]) > 0

@@ -78,14 +78,13 @@ def test_one_epoch_changes_every_parameter_and_logs_the_documented_keys(tmp_path
 def test_logging_steps_averages_the_entries_in_each_gap(tmp_path):
     trainer = make_trainer(tmp_path, logging_steps=8, eval_interval=0)
     seen = []
-    original = trainer._train_batch
+    original = trainer.logger.log_train
 
-    def spy(items):
-        metrics, steps = original(items)
+    def spy(metrics, env_step):
         seen.append(metrics["turn_1/reward_mean"])
-        return metrics, steps
+        return original(metrics, env_step)
 
-    trainer._train_batch = spy
+    trainer.logger.log_train = spy
     trainer.train()
     rows = read_metrics(tmp_path / "run")
     assert [r["env_step"] for r in rows] == [8, 16]
@@ -115,13 +114,13 @@ def test_single_agent_update_is_grpo(tmp_path):
     # and the one-by-one forward into a visible weight difference.
     torch.manual_seed(0)
     recorded = {}
-    original = trainer._update_agent
+    original = trainer.learner.update_agent
 
     def record(a, samples):
         recorded["samples"] = samples
         return original(a, samples)
 
-    trainer._update_agent = record
+    trainer.learner.update_agent = record
     trainer.train()
     samples = recorded["samples"]
     # GRPO: A = (r - mean_group) / (std_group + eps); loss = mean_i -A_i * sum_t log p(token)
@@ -159,7 +158,7 @@ def test_forward_chunks_give_the_same_update_as_one_batch(tmp_path, aggregation)
     params = []
     for chunk in (None, 1, 2):
         trainer = make_trainer(tmp_path, forward_batch_size=chunk, loss_aggregation=aggregation)
-        stats = trainer._optimizer_step(0, samples)
+        stats = trainer.learner.step(0, samples)
         params.append(
             (stats["loss"], [p.detach().clone() for p in trainer.agents[0].model.parameters()])
         )

@@ -1,0 +1,182 @@
+"""The MAGRPO family's learner: sibling-group advantages and one policy-gradient step per agent.
+
+``PolicyGradientLearner.update(tree)`` takes one round's rollout tree, computes the tree's
+returns and each agent's sibling-group advantages (pure functions in :mod:`returns` and
+:mod:`advantages`), then gives each agent one optimizer step per ``items_per_step`` items, each
+step's loss from batched padded forwards. It holds the agents' optimizers and frozen reference
+models; the trainer (:mod:`cmlrl_agents.magrpo`) is only the loop around it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cmlrl_agents.advantages import group_advantages
+from cmlrl_agents.devices import resolve_devices
+from cmlrl_agents.losses import policy_gradient_loss
+from cmlrl_agents.magrpo_config import MAGRPOConfig
+from cmlrl_agents.metrics import turn_metrics
+from cmlrl_agents.optim import clip_and_step, make_adamw
+from cmlrl_agents.policy import LLMAgent
+from cmlrl_agents.reference import frozen_copies, kl_turn_means, kl_turn_stats, reference_kl
+from cmlrl_agents.rollout import RolloutTree
+from cmlrl_agents.tokens import build_batch, sequence_logprobs
+
+__all__ = ["PolicyGradientLearner", "Sample", "agent_samples"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one agent with its advantage: a row of the policy-gradient batch."""
+
+    item_slot: int
+    turn: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    advantage: float
+
+
+def agent_samples(
+    tree: RolloutTree,
+    agent: int,
+    agent_returns: list[torch.Tensor],
+    advantage_mode: str,
+    advantage_normalization: bool,
+) -> list[Sample]:
+    """Every completion of ``agent`` in the tree, its advantage taken over its G siblings."""
+    samples = []
+    for level, returns in zip(tree.levels, agent_returns, strict=True):
+        adv = group_advantages(returns[:, agent, :], advantage_mode, advantage_normalization)
+        for branch, row in enumerate(level.completions[agent]):
+            for g, completion in enumerate(row):
+                samples.append(
+                    Sample(
+                        item_slot=level.item_slot[branch],
+                        turn=level.turn,
+                        prompt_ids=completion.prompt_ids,
+                        completion_ids=completion.completion_ids,
+                        advantage=float(adv[branch, g]),
+                    )
+                )
+    return samples
+
+
+class PolicyGradientLearner:
+    """Per agent: its AdamW optimizer and (with ``reference_kl_enabled``) its frozen reference.
+
+    ``args`` is read at every update, so a trainer may hand a new config between rounds
+    (``learner.args = new``); the reference models are built once, here.
+    """
+
+    def __init__(self, agents: Sequence[LLMAgent], args: MAGRPOConfig) -> None:
+        self.agents = list(agents)
+        self.args = args
+        self.optimizers: list[torch.optim.Optimizer] = [
+            make_adamw(
+                (p for p in agent.model.parameters() if p.requires_grad),
+                args.agent_learning_rate,
+                f"agents[{i}]",
+            )
+            for i, agent in enumerate(self.agents)
+        ]
+        devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
+        self.reference_models: list[torch.nn.Module] | None = (
+            frozen_copies([a.model for a in self.agents], devices)
+            if args.reference_kl_enabled
+            else None
+        )
+
+    def update(self, tree: RolloutTree) -> dict[str, float]:
+        """One round: returns, advantages and every agent's steps; the round's metrics."""
+        args = self.args
+        joint_returns = tree.returns(args.discount)
+        metrics = turn_metrics(tree, joint_returns)
+        agent_returns = tree.agent_returns(joint_returns)
+        losses, norms = [], []
+        for a in range(len(self.agents)):
+            samples = agent_samples(
+                tree, a, agent_returns, args.advantage_mode, args.advantage_normalization
+            )
+            stats = self.update_agent(a, samples)
+            for level, returns in zip(tree.levels, agent_returns, strict=True):
+                stats[f"turn_{level.turn}/expected_return"] = float(returns[:, a].mean())
+            metrics.update({f"agent_{a}/{k}": v for k, v in stats.items()})
+            losses.append(stats["loss"])
+            norms.append(stats["grad_norm"])
+        metrics["loss"] = sum(losses) / len(losses)
+        metrics["grad_norm"] = sum(norms) / len(norms)
+        metrics.update(kl_turn_means(metrics, len(self.agents)))
+        return metrics
+
+    def update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm."""
+        per_step = self.args.items_per_step
+        slots = sorted({s.item_slot for s in samples})
+        stats: dict[str, list[float]] = defaultdict(list)
+        for i in range(0, len(slots), per_step):
+            chosen = set(slots[i : i + per_step])
+            step_stats = self.step(a, [s for s in samples if s.item_slot in chosen])
+            for key, value in step_stats.items():
+                stats[key].append(value)
+        return {key: sum(v) / len(v) for key, v in stats.items()}
+
+    def step(self, a: int, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step of agent ``a`` over ``samples`` (forwards of
+        ``forward_batch_size`` rows, scaled so that chunking changes nothing)."""
+        agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
+        agent.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        total_tokens = sum(len(s.completion_ids) for s in samples)
+        size = args.forward_batch_size or len(samples)
+        loss_sum, kl_by_turn = 0.0, defaultdict(list)
+        for start in range(0, len(samples), size):
+            chunk = samples[start : start + size]
+            loss, kl = self._chunk_loss(a, chunk, len(samples), total_tokens)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            if kl is not None:
+                for s, value in zip(chunk, kl.tolist(), strict=True):
+                    kl_by_turn[s.turn].append(value)
+        stats = {"loss": loss_sum, "grad_norm": clip_and_step(optimizer, args.max_grad_norm)}
+        stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
+        return stats
+
+    def _chunk_loss(
+        self, a: int, chunk: list[Sample], num_samples: int, total_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This chunk's share of the step loss, scaled so that chunking changes nothing."""
+        agent, args = self.agents[a], self.args
+        batch = build_batch(
+            [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], agent.pad_token_id
+        ).to(agent.device)
+        logprobs = sequence_logprobs(agent.model, batch)
+        mask = batch.completion_mask
+        advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
+        if args.loss_aggregation == "sequence_sum":
+            weight = len(chunk) / num_samples
+        else:
+            weight = float(mask.sum()) / max(total_tokens, 1)
+        loss = policy_gradient_loss(logprobs, mask, advantages, args.loss_aggregation) * weight
+        if self.reference_models is None:
+            return loss, None
+        kl = reference_kl(self.reference_models[a], batch, logprobs)
+        loss = loss + args.reference_kl_coef * kl.mean() * (len(chunk) / num_samples)
+        return loss, kl.detach()
+
+    # -- saving ---------------------------------------------------------------------------------
+    def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, object]]:
+        """The trainable models and their optimizers, by checkpoint name."""
+        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
+        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
+        return models, optimizers
+
+    def apply_learning_rates(self) -> None:
+        """Set every group to the config's learning rate: a resumed optimizer brings its saved
+        lr, and the config (possibly changed for the resume) must win."""
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = self.args.agent_learning_rate

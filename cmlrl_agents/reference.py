@@ -1,0 +1,66 @@
+"""The frozen reference policy of the KL penalty, shared by every learner.
+
+With ``reference_kl_enabled`` a learner keeps a frozen copy of each agent's initial weights and
+adds ``reference_kl_coef`` times the k3 estimate of KL(policy || reference) to the agent's loss
+(TRL-style: a loss term, no extra policy forward). The per-turn statistics are logged as
+``turn_k/reference_kl_mean`` and ``turn_k/reference_kl_penalty_mean`` (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from cmlrl_agents.losses import kl_k3
+from cmlrl_agents.tokens import TokenBatch, sequence_logprobs
+
+__all__ = ["frozen_copies", "reference_kl", "kl_turn_stats", "kl_turn_means"]
+
+
+def frozen_copies(
+    models: Sequence[torch.nn.Module], devices: Sequence[torch.device] | None
+) -> list[torch.nn.Module]:
+    """One frozen copy per model, on ``devices[i]`` when given (else beside the model)."""
+    return [_frozen_copy(m, None if devices is None else devices[i]) for i, m in enumerate(models)]
+
+
+def _frozen_copy(model: torch.nn.Module, device: torch.device | None) -> torch.nn.Module:
+    # Copied where the model is, then moved device to device (never through the CPU).
+    ref = copy.deepcopy(model).eval()
+    if device is not None:
+        ref.to(device)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def reference_kl(
+    reference: torch.nn.Module, batch: TokenBatch, logprobs: torch.Tensor
+) -> torch.Tensor:
+    """Per row of ``batch``: k3 KL of the policy's token log-probs to the reference's."""
+    with torch.no_grad():
+        ref_device = next(reference.parameters()).device
+        ref = sequence_logprobs(reference, batch.to(ref_device)).to(logprobs.device)
+    return kl_k3(logprobs, ref, batch.completion_mask)
+
+
+def kl_turn_stats(kl_by_turn: Mapping[int, list[float]], coef: float) -> dict[str, float]:
+    """``turn_k/reference_kl_mean`` and ``…_penalty_mean`` from per-sample KLs by turn."""
+    stats = {}
+    for turn, values in kl_by_turn.items():
+        mean = sum(values) / len(values)
+        stats[f"turn_{turn}/reference_kl_mean"] = mean
+        stats[f"turn_{turn}/reference_kl_penalty_mean"] = coef * mean
+    return stats
+
+
+def kl_turn_means(metrics: Mapping[str, float], num_agents: int) -> dict[str, float]:
+    """Team means of the per-agent reference-KL metrics under the seed's ``turn_k/…`` names."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for key, value in metrics.items():
+        if key.startswith("agent_") and "/reference_kl_" in key:
+            out[key.split("/", 1)[1]].append(value)
+    return {k: sum(v) / len(v) for k, v in out.items() if len(v) == num_agents}
