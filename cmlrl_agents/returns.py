@@ -75,6 +75,24 @@ def tree_returns(
     Returns:
         ``T`` tensors; entry ``t`` has shape ``[n_t]``. One level gives the rewards (flat case).
     """
+    _check_tree(rewards, parents, discount)
+    held = _held_rewards(rewards, turns_left, discount)
+    out: list[Tensor] = [rewards[-1] + held[-1]]
+    for t in range(len(rewards) - 2, -1, -1):
+        child_returns, idx = out[0], parents[t + 1]
+        sums = torch.zeros_like(rewards[t]).index_add_(0, idx, child_returns)
+        counts = torch.zeros_like(rewards[t]).index_add_(0, idx, torch.ones_like(child_returns))
+        if bool(((counts > 0) & (held[t] != 0)).any()):
+            raise ValueError(
+                f"turns_left[{t}] is > 0 for a joint action that has children; only a branch "
+                "that ended early has unplayed turns"
+            )
+        # Childless nodes have sums == 0, so clamping the count keeps them at their own reward.
+        out.insert(0, rewards[t] + held[t] + discount * sums / counts.clamp(min=1))
+    return out
+
+
+def _check_tree(rewards: list[Tensor], parents: list[Tensor], discount: float) -> None:
     _check_unit("discount", discount)
     if len(rewards) == 0:
         raise ValueError(
@@ -100,21 +118,6 @@ def tree_returns(
                 f"parents[{t}] must index level {t - 1} (0..{n_prev - 1}), got values "
                 f"{int(p.min())}..{int(p.max())}"
             )
-
-    held = _held_rewards(rewards, turns_left, discount)
-    out: list[Tensor] = [rewards[-1] + held[-1]]
-    for t in range(len(rewards) - 2, -1, -1):
-        child_returns, idx = out[0], parents[t + 1]
-        sums = torch.zeros_like(rewards[t]).index_add_(0, idx, child_returns)
-        counts = torch.zeros_like(rewards[t]).index_add_(0, idx, torch.ones_like(child_returns))
-        if bool(((counts > 0) & (held[t] != 0)).any()):
-            raise ValueError(
-                f"turns_left[{t}] is > 0 for a joint action that has children; only a branch "
-                "that ended early has unplayed turns"
-            )
-        # Childless nodes have sums == 0, so clamping the count keeps them at their own reward.
-        out.insert(0, rewards[t] + held[t] + discount * sums / counts.clamp(min=1))
-    return out
 
 
 def ended_chain_returns(

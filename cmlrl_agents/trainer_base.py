@@ -22,17 +22,17 @@ from datasets import Dataset, IterableDataset
 from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
+from cmlrl_agents.evaluation import mean_eval_metrics
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
-from cmlrl_agents.returns import ended_chain_returns
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.team import build_agents, resolve_num_agents
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv
 from cmlrl_env.core import Task
-from cmlrl_env.dataset import stream_pass
+from cmlrl_env.dataset import enumerate_items
 
 __all__ = ["TeamTrainer"]
 
@@ -301,7 +301,7 @@ class TeamTrainer(RunMixin):
         size, interval = self._items_per_batch(), self.args.eval_interval
         batch: list[Item] = []
         start = skip
-        items = _enumerate_items(
+        items = enumerate_items(
             self._dataset(), skip, name="train_dataset", pass_number=self.epoch + 1
         )
         for index, item in items:
@@ -321,7 +321,7 @@ class TeamTrainer(RunMixin):
     def _eval_task(self) -> Task:
         """The task with early termination off: evaluation plays every turn, so custom eval
         metrics always see ``[agent][item][turn]`` for each turn; the standard metrics still
-        score each item as training's early termination would (``_tree_eval_values``)."""
+        score each item as training's early termination would (``evaluation.eval_values``)."""
         if self.task.early_termination_threshold is None:
             return self.task
         task = copy.copy(self.task)
@@ -340,7 +340,7 @@ class TeamTrainer(RunMixin):
         ):
             raise ValueError(f"num_eval_samples must be a positive int, got {num_eval_samples!r}.")
         items = list(
-            _enumerate_items(
+            enumerate_items(
                 self.eval_dataset, 0, limit=num_eval_samples, name="eval_dataset", pass_number=None
             )
         )
@@ -356,39 +356,16 @@ class TeamTrainer(RunMixin):
         return metrics
 
     def _eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
-        sums: dict[str, list[float]] = {}
-        for tree in trees:
-            for key, value in self._tree_eval_values(tree).items():
-                sums.setdefault(key, []).extend(value)
-        return {f"eval/{k}": float(np.mean(v)) for k, v in sums.items()}
+        return mean_eval_metrics(
+            trees,
+            self.task.early_termination_threshold,
+            self.task.num_turns,
+            self.args.discount,
+        )
 
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
         """Trainer-specific evaluation metrics (without the ``eval/`` prefix)."""
         return {}
-
-    def _tree_eval_values(self, tree: RolloutTree) -> dict[str, list[float]]:
-        """Per turn, over the items training's early termination keeps open (as in training,
-        so train and eval agree: the reference's B5): ``reward_mean``, ``expected_return``
-        (an ended item holds its reward); over every played item: ``reward_mean_all``; and the
-        share of items still open, ``open_fraction``."""
-        chains: dict[int, list[float]] = {}
-        for level in tree.levels:  # one sample per turn: branch b is one item's chain
-            for slot, row in zip(level.item_slot, level.outcomes, strict=True):
-                chains.setdefault(slot, []).append(row[0].reward)
-        values: dict[str, list[float]] = {}
-        threshold, turns = self.task.early_termination_threshold, self.task.num_turns
-        can_end = threshold is not None and turns > 1
-        for chain in chains.values():
-            returns = ended_chain_returns(chain, turns, threshold, self.args.discount)
-            for t, reward in enumerate(chain):
-                key = f"turn_{t + 1}/"
-                if can_end:
-                    values.setdefault(key + "reward_mean_all", []).append(reward)
-                    values.setdefault(key + "open_fraction", []).append(float(t < len(returns)))
-                if t < len(returns):
-                    values.setdefault(key + "reward_mean", []).append(reward)
-                    values.setdefault(key + "expected_return", []).append(returns[t])
-        return values
 
 
 def _check_reference_devices(args: SharedConfig, num_agents: int) -> None:
@@ -399,28 +376,6 @@ def _check_reference_devices(args: SharedConfig, num_agents: int) -> None:
             "reference_devices."
         )
     resolve_devices(args.reference_devices, num_agents, "reference_devices")  # before loading
-
-
-def _enumerate_items(
-    data: Dataset | IterableDataset,
-    skip: int,
-    limit: int | None = None,
-    *,
-    name: str,
-    pass_number: int | None,
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    if isinstance(data, Dataset):
-        stop = len(data) if limit is None else min(limit, len(data))
-        for index in range(skip, stop):
-            yield index, dict(data[index])
-        return
-    # A stream that yields nothing is refused as the env refuses it (empty, or one-shot on a
-    # later pass), instead of silently training on no items.
-    for index, item in enumerate(stream_pass(data, name=name, pass_number=pass_number)):
-        if limit is not None and index >= limit:
-            return
-        if index >= skip:
-            yield index, dict(item)
 
 
 def _reward_postfix(metrics: Mapping[str, float]) -> dict[str, float]:

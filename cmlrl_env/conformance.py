@@ -72,32 +72,15 @@ class ConformanceError(AssertionError):
         self.check = check
 
 
-def check_env(
-    env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3, seed: int = 0
-) -> tuple[str, ...]:
-    """Run PettingZoo's test suite and our own checks on fresh envs from ``env_fn``.
-
-    ``env_fn(**kwargs)`` must return a fresh ``CoMLRLEnv`` on every call. It is called with no
-    arguments, with ``render_mode=...`` (``render_test``) and with ``dict_observations=True``
-    (``api_test``), so forward keyword arguments, e.g.
-    ``functools.partial(CoMLRLEnv, dataset, formatters, reward_func, num_turns=2, ...)``.
-
-    For a multi-turn task pass ``early_termination_threshold=None`` (or a threshold random
-    completions rarely reach) to the env, or every episode ends after turn 1 and the later turns
-    go unchecked. The checks act with random printable completions (``action_space.sample()``,
-    up to ``max_completion_chars`` characters, possibly empty); the task must cope with them.
-
-    Returns the names of the checks that passed; raises ``ConformanceError`` (an
-    ``AssertionError``) naming the first check that failed, with its cause chained.
-    """
+def _checks(
+    env_fn: EnvFactory, num_cycles: int, num_episodes: int, seed: int
+) -> list[tuple[str, Callable[[], Any], str]]:
+    """``(name, run, hint)`` of every check, in the order ``check_env`` runs them."""
     # Imported here: pettingzoo.test imports pytest, which `import cmlrl_env` should not pay for.
     from pettingzoo.test import parallel_api_test, parallel_seed_test, state_test
     from pettingzoo.utils import parallel_to_aec
 
-    _require_factory(env_fn)
-    _require_count("num_cycles", num_cycles)
-    _require_count("num_episodes", num_episodes)
-    checks: list[tuple[str, Callable[[], Any], str]] = [
+    return [
         ("parallel_api_test", lambda: _silently(parallel_api_test, env_fn(), num_cycles), ""),
         (
             "parallel_seed_test",
@@ -131,6 +114,30 @@ def check_env(
             "",
         ),
     ]
+
+
+def check_env(
+    env_fn: EnvFactory, *, num_cycles: int = 10, num_episodes: int = 3, seed: int = 0
+) -> tuple[str, ...]:
+    """Run PettingZoo's test suite and our own checks on fresh envs from ``env_fn``.
+
+    ``env_fn(**kwargs)`` must return a fresh ``CoMLRLEnv`` on every call. It is called with no
+    arguments, with ``render_mode=...`` (``render_test``) and with ``dict_observations=True``
+    (``api_test``), so forward keyword arguments, e.g.
+    ``functools.partial(CoMLRLEnv, dataset, formatters, reward_func, num_turns=2, ...)``.
+
+    For a multi-turn task pass ``early_termination_threshold=None`` (or a threshold random
+    completions rarely reach) to the env, or every episode ends after turn 1 and the later turns
+    go unchecked. The checks act with random printable completions (``action_space.sample()``,
+    up to ``max_completion_chars`` characters, possibly empty); the task must cope with them.
+
+    Returns the names of the checks that passed; raises ``ConformanceError`` (an
+    ``AssertionError``) naming the first check that failed, with its cause chained.
+    """
+    _require_factory(env_fn)
+    _require_count("num_cycles", num_cycles)
+    _require_count("num_episodes", num_episodes)
+    checks = _checks(env_fn, num_cycles, num_episodes, seed)
     passed = []
     for name, run, hint in checks:
         try:

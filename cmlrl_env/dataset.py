@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 from datasets import Dataset, IterableDataset
 
-__all__ = ["ITEM_ORDERS", "TaskSource", "check_seed", "no_items_error", "stream_pass"]
+__all__ = [
+    "ITEM_ORDERS",
+    "TaskSource",
+    "check_seed",
+    "enumerate_items",
+    "no_items_error",
+    "stream_pass",
+]
 
 ITEM_ORDERS = ("dataset", "shuffle")
 
@@ -70,6 +77,30 @@ def stream_pass(
         yield dict(item)
     if count == 0:
         raise no_items_error(name, pass_number)
+
+
+def enumerate_items(
+    data: Dataset | IterableDataset,
+    skip: int,
+    limit: int | None = None,
+    *,
+    name: str,
+    pass_number: int | None,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, item)`` from ``skip`` (to ``limit``) in dataset order: how trainers read their
+    train and eval items (SPEC §2)."""
+    if isinstance(data, Dataset):
+        stop = len(data) if limit is None else min(limit, len(data))
+        for index in range(skip, stop):
+            yield index, dict(data[index])
+        return
+    # A stream that yields nothing is refused as the env refuses it (empty, or one-shot on a
+    # later pass), instead of silently training on no items.
+    for index, item in enumerate(stream_pass(data, name=name, pass_number=pass_number)):
+        if limit is not None and index >= limit:
+            return
+        if index >= skip:
+            yield index, dict(item)
 
 
 class TaskSource:

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from cmlrl_agents import policy
+from cmlrl_agents import gguf, policy
 from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, convert_gguf, smollm2_path
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_agents.tokens import completion_lists, completion_mask_from_generated, left_pad
@@ -211,7 +211,7 @@ def test_convert_gguf_converts_once_atomically(tmp_path: Path, monkeypatch) -> N
         writes.append(out)
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(policy, "_write_converted", fake_write)
+    monkeypatch.setattr(gguf, "_write_converted", fake_write)
     monkeypatch.setenv("CMLRL_CACHE", str(tmp_path / "cache"))
     first = convert_gguf(source.parent, "model.gguf")
     assert convert_gguf(source.parent, "model.gguf") == first
