@@ -30,7 +30,7 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.team import build_agents, resolve_num_agents
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
-from cmlrl_env import CoMLRLEnv
+from cmlrl_env import CoMLRLEnv, TaskSpec
 from cmlrl_env.core import Task
 from cmlrl_env.dataset import enumerate_items
 
@@ -180,16 +180,20 @@ class TeamTrainer(RunMixin):
             if dataset is not None or eval_dataset is not None:
                 raise ValueError("reward_func is required (or pass env=CoMLRLEnv(...)).")
             return None, None
-        settings = {
-            "num_agents": num_agents,
-            "num_turns": self.args.num_turns,
-            "external_transition": transition,
-            "reward_processor": processor,
-            "early_termination_threshold": self.args.early_termination_threshold,
-        }
+        # The seed's keyword arguments become the one validated TaskSpec the env takes.
+        spec = TaskSpec(
+            dataset,
+            formatters,
+            reward_func,
+            reward_processor=processor,
+            external_transition=transition,
+            num_agents=num_agents,
+            num_turns=self.args.num_turns,
+            early_termination_threshold=self.args.early_termination_threshold,
+        )
         if dataset is None:
-            return None, Task(formatters, reward_func, **settings)
-        env = CoMLRLEnv(dataset, formatters, reward_func, **settings)
+            return None, spec.task()
+        env = CoMLRLEnv.from_spec(spec)
         return env, env.task
 
     def _check_env(self, env: CoMLRLEnv, *given: Any) -> None:

@@ -16,6 +16,7 @@ from cmlrl_env.formatters import Formatters, default_formatter
 from cmlrl_env.gymnasium_view import CoMLRLGymnasiumEnv, as_gymnasium
 from cmlrl_env.rewards import RewardFunction, RewardProcessors
 from cmlrl_env.spaces import TextSpace
+from cmlrl_env.task_spec import TaskSpec
 from cmlrl_env.transitions import Transition
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "TaskCheckError",
     "TaskReport",
     "TaskSource",
+    "TaskSpec",
     "TextSpace",
     "Transition",
     "as_gymnasium",

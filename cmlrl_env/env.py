@@ -28,11 +28,12 @@ from datasets import Dataset, IterableDataset
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
-from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome, Task
-from cmlrl_env.dataset import TaskSource, check_seed
+from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome
+from cmlrl_env.dataset import check_seed
 from cmlrl_env.formatters import Formatter
 from cmlrl_env.rewards import RewardProcessor
 from cmlrl_env.spaces import DEFAULT_MAX_CHARS, TextSpace
+from cmlrl_env.task_spec import TaskSpec
 
 __all__ = ["CoMLRLEnv", "GIVEN_ITEM_INDEX", "RESET_OPTIONS"]
 
@@ -88,18 +89,22 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
                 f"render_mode={render_mode!r} is not supported; choose one of "
                 f"{self.metadata['render_modes']} or None."
             )
-        _check_char_limit("max_prompt_chars", max_prompt_chars)
-        _check_char_limit("max_completion_chars", max_completion_chars)
-        self.source = TaskSource(dataset, item_order=item_order)
-        self.task = Task(
+        self.spec = TaskSpec(
+            dataset,
             formatters,
             reward_func,
+            reward_processor=reward_processor,
+            external_transition=external_transition,
             num_agents=num_agents,
             num_turns=num_turns,
-            external_transition=external_transition,
-            reward_processor=reward_processor,
             early_termination_threshold=early_termination_threshold,
+            max_prompt_chars=max_prompt_chars,
+            max_completion_chars=max_completion_chars,
+            item_order=item_order,
         )
+        """The validated task this env plays (``CoMLRLEnv.from_spec`` builds an env from one)."""
+        self.source = self.spec.source()
+        self.task = self.spec.task()
         self.render_mode = render_mode
         self.dict_observations = dict_observations
         self.possible_agents = [f"agent_{i}" for i in range(self.task.num_agents)]
@@ -120,6 +125,16 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         self._last: tuple[tuple[str, ...], Outcome] | None = None
 
     # -- spaces ---------------------------------------------------------------------------------
+    @classmethod
+    def from_spec(
+        cls, spec: TaskSpec, *, render_mode: str | None = None, dict_observations: bool = False
+    ) -> CoMLRLEnv:
+        """The env over a ``TaskSpec`` (with the env's own display options)."""
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(f"spec must be a cmlrl_env.TaskSpec, got {type(spec).__name__}.")
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        return cls(**fields, render_mode=render_mode, dict_observations=dict_observations)
+
     def observation_space(self, agent: str) -> spaces.Space:
         return self._obs_spaces[agent]
 
@@ -276,11 +291,6 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     def close(self) -> None:
         self._state = None
         self.agents = []
-
-
-def _check_char_limit(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
 
 
 def _check_options(options: object) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from cmlrl_env._errors import describe_exception
 from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Task
 from cmlrl_env.dataset import TaskSource
 from cmlrl_env.spaces import TextSpace
+from cmlrl_env.task_spec import TaskSpec
 
 __all__ = ["TaskCheckError", "TaskReport", "check_task", "DEFAULT_SAMPLE_COMPLETIONS"]
 
@@ -101,6 +102,13 @@ class _Recorder:
         return report
 
 
+def _spec_pieces(spec: TaskSpec) -> dict[str, Any]:
+    """The keyword arguments of ``check_task`` that a ``TaskSpec`` holds."""
+    names = ("dataset", "formatters", "reward_func", "num_agents", "num_turns")
+    names += ("external_transition", "reward_processor", "early_termination_threshold")
+    return {name: getattr(spec, name) for name in names}
+
+
 def check_task(
     dataset: Any,
     formatters: Any = None,
@@ -124,7 +132,11 @@ def check_task(
 
     Every turn is played (the threshold is only used to warn when it would end every branch
     after turn 1). Raises ``TaskCheckError`` listing every problem; returns a ``TaskReport``.
+    ``check_task(spec)`` checks a ``TaskSpec`` (its dataset and pieces).
     """
+    if isinstance(dataset, TaskSpec):
+        pieces = _spec_pieces(dataset)
+        return check_task(**pieces, num_items=num_items, sample_completions=sample_completions)
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
         raise ValueError(f"num_items must be an int >= 1, got {num_items!r}.")
     _check_sample_shape(sample_completions)
