@@ -15,7 +15,7 @@ minibatch for the whole team (the reference stepped it once per agent on the sam
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.reference import kl_turn_means, kl_turn_stats, reference_kl
 from cmlrl_agents.rollout import RolloutTree
+from cmlrl_agents.schedules import apply_learning_rates, make_schedulers, steps_per_round
 from cmlrl_agents.tokens import TokenBatch, build_batch, sequence_logprobs
 from cmlrl_agents.value_head import ValueModel
 from cmlrl_env.core import EpisodeState
@@ -82,6 +83,24 @@ class ActorCriticLearner:
             for i, c in enumerate(self.critics)
             if not c.shared
         ]
+        self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
+        """Per optimizer (``agent_i``, ``critic_c``), when the config asks for a schedule."""
+
+    def schedule(self, rounds: Iterable[int] | None) -> None:
+        """Build the learning-rate schedulers for a run of rounds of these item counts (None:
+        unknown, a stream); once only, so a resumed schedule is not rebuilt."""
+        if self.schedulers:
+            return
+        args = self.args
+        total = (
+            None
+            if rounds is None
+            else sum(steps_per_round(r, args.items_per_step, args.ppo_epochs) for r in rounds)
+        )
+        _, optimizers = self.checkpoint_parts()
+        self.schedulers = make_schedulers(
+            optimizers, args.lr_scheduler_type, args.warmup_steps, total
+        )
 
     def _actor_optimizer(self, a: int) -> torch.optim.Optimizer:
         params = [p for p in self.agents[a].model.parameters() if p.requires_grad]
@@ -243,6 +262,8 @@ class ActorCriticLearner:
             for key, value in losses.items():
                 sums[key] += float(value.detach()) * weight
         sums["grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
+        if f"agent_{a}" in self.schedulers:
+            self.schedulers[f"agent_{a}"].step()
         sums.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
         return dict(sums)
 
@@ -311,6 +332,8 @@ class ActorCriticLearner:
             (self.args.value_loss_coef * loss).backward()
             loss_sum += float(loss.detach())
         grad_norm = clip_and_step(optimizer, self.args.max_grad_norm)
+        if f"critic_{c}" in self.schedulers:
+            self.schedulers[f"critic_{c}"].step()
         return {"value_loss": loss_sum, "grad_norm": grad_norm}
 
     # -- saving ---------------------------------------------------------------------------------
@@ -329,13 +352,12 @@ class ActorCriticLearner:
         """Actors at ``agent_learning_rate``, critics (heads included) at ``critic_lr``; the
         config wins over the lr a resumed optimizer brings."""
         args = self.args
-        for optimizer in self.optimizers:
-            optimizer.param_groups[0]["lr"] = args.agent_learning_rate
-            for group in optimizer.param_groups[1:]:  # a value head on the actor
-                group["lr"] = args.critic_lr
-        for optimizer in self.critic_optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = args.critic_lr
+        for a, optimizer in enumerate(self.optimizers):  # groups after the first: a value head
+            lrs = [args.agent_learning_rate] + [args.critic_lr] * (len(optimizer.param_groups) - 1)
+            apply_learning_rates(optimizer, self.schedulers.get(f"agent_{a}"), lrs)
+        for c, optimizer in enumerate(self.critic_optimizers):
+            lrs = [args.critic_lr] * len(optimizer.param_groups)
+            apply_learning_rates(optimizer, self.schedulers.get(f"critic_{c}"), lrs)
 
 
 def _token_batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> TokenBatch:

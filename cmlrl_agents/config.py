@@ -16,6 +16,9 @@ from torch import device as torch_device
 
 __all__ = ["ValidatedConfig", "SharedConfig"]
 
+LR_SCHEDULER_TYPES = ("constant", "linear", "cosine")
+"""The learning-rate shapes after warmup (``transformers.get_scheduler``'s, see schedules.py)."""
+
 MAX_SEED = 2**32 - 1
 """numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
 
@@ -153,6 +156,11 @@ class SharedConfig(ValidatedConfig):
     """Passes over the training task items (>= 1; to only evaluate, call ``evaluate()``)."""
     agent_learning_rate: float = 5e-6
     """AdamW learning rate of every agent."""
+    lr_scheduler_type: str = "constant"
+    """Learning-rate shape after warmup: "constant", "linear" or "cosine" (to 0 at the run's
+    last optimizer step; needs a map-style train_dataset). Applies to every optimizer."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to the learning rate (0: none)."""
     max_new_tokens: int = 128
     """Generation cap per completion (tokens)."""
     min_new_tokens: int = 0
@@ -215,6 +223,8 @@ class SharedConfig(ValidatedConfig):
         self._int("num_turns", 1)
         self._int("num_train_epochs", 1)
         self._real("agent_learning_rate", 0.0, low_open=True)
+        self._choice("lr_scheduler_type", LR_SCHEDULER_TYPES)
+        self._int("warmup_steps", 0)
         self._int("max_new_tokens", 1)
         self._real("temperature", 0.0, low_open=True)
         self._real("top_p", 0.0, 1.0, low_open=True)

@@ -10,7 +10,7 @@ models; the trainer (:mod:`cmlrl_agents.magrpo`) is only the loop around it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,7 @@ from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.reference import frozen_copies, kl_turn_means, kl_turn_stats, reference_kl
 from cmlrl_agents.rollout import RolloutTree
+from cmlrl_agents.schedules import apply_learning_rates, make_schedulers, steps_per_round
 from cmlrl_agents.tokens import build_batch, sequence_logprobs
 
 __all__ = ["PolicyGradientLearner", "Sample", "agent_samples"]
@@ -89,6 +90,21 @@ class PolicyGradientLearner:
             if args.reference_kl_enabled
             else None
         )
+        self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
+        """Per optimizer (``agent_i``), when ``lr_scheduler_type``/``warmup_steps`` ask for one."""
+
+    def schedule(self, rounds: Iterable[int] | None) -> None:
+        """Build the learning-rate schedulers for a run of rounds of these item counts (None:
+        unknown, a stream); once only, so a resumed schedule is not rebuilt."""
+        if self.schedulers:
+            return
+        per_step = self.args.items_per_step
+        total = None if rounds is None else sum(steps_per_round(r, per_step) for r in rounds)
+        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
+        args = self.args
+        self.schedulers = make_schedulers(
+            optimizers, args.lr_scheduler_type, args.warmup_steps, total
+        )
 
     def update(self, tree: RolloutTree) -> dict[str, float]:
         """One round: returns, advantages and every agent's steps; the round's metrics."""
@@ -142,6 +158,8 @@ class PolicyGradientLearner:
                 for s, value in zip(chunk, kl.tolist(), strict=True):
                     kl_by_turn[s.turn].append(value)
         stats = {"loss": loss_sum, "grad_norm": clip_and_step(optimizer, args.max_grad_norm)}
+        if f"agent_{a}" in self.schedulers:
+            self.schedulers[f"agent_{a}"].step()
         stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
         return stats
 
@@ -176,7 +194,7 @@ class PolicyGradientLearner:
 
     def apply_learning_rates(self) -> None:
         """Set every group to the config's learning rate: a resumed optimizer brings its saved
-        lr, and the config (possibly changed for the resume) must win."""
-        for optimizer in self.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = self.args.agent_learning_rate
+        lr, and the config (possibly changed for the resume) must win (see schedules.py)."""
+        for i, optimizer in enumerate(self.optimizers):
+            lrs = [self.args.agent_learning_rate] * len(optimizer.param_groups)
+            apply_learning_rates(optimizer, self.schedulers.get(f"agent_{i}"), lrs)

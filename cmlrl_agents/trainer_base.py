@@ -10,14 +10,12 @@ task items, the evaluation of SPEC §5 and checkpoints live here once.
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from datasets import Dataset, IterableDataset
+from transformers import set_seed
 
 from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
@@ -28,7 +26,9 @@ from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
+from cmlrl_agents.schedules import round_sizes
 from cmlrl_agents.team import build_agents, resolve_num_agents
+from cmlrl_agents.trainer_checks import check_given_env, check_reference_devices
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv, TaskSpec
 from cmlrl_env.core import Task
@@ -45,7 +45,7 @@ class TeamTrainer(RunMixin):
     algorithm = "base"
     fixed_fields: tuple[str, ...] = (
         *("num_agents", "num_turns", "early_termination_threshold", "output_dir"),
-        *("agent_devices", "reference_devices"),
+        *("agent_devices", "reference_devices", "lr_scheduler_type", "warmup_steps"),
     )
     """Config fields read once, at construction: assigning a new value raises (see
     ``ValidatedConfig.fix_fields``)."""
@@ -73,10 +73,10 @@ class TeamTrainer(RunMixin):
         n = self.team_size(args, num_agents, agents, formatters, env)
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
-        _check_reference_devices(args, n)
+        check_reference_devices(args, n)
         if env is not None:
             given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
-            self._check_env(env, *given)
+            check_given_env(env, args, given)
             task: Task | None = env.task
         else:
             env, task = self._build_env(
@@ -196,27 +196,6 @@ class TeamTrainer(RunMixin):
         env = CoMLRLEnv.from_spec(spec)
         return env, env.task
 
-    def _check_env(self, env: CoMLRLEnv, *given: Any) -> None:
-        if any(g is not None for g in given):
-            raise ValueError(
-                "env= already holds the dataset, formatters, reward_func, "
-                "reward_processor and external_transition; pass them to CoMLRLEnv, "
-                "not to the trainer as well."
-            )
-        if env.source.item_order != "dataset":
-            raise ValueError(
-                f"env has item_order={env.source.item_order!r}, but trainers read the task items "
-                "in dataset order (SPEC §2); build the env with item_order='dataset' and "
-                "shuffle the dataset itself (train_dataset.shuffle(seed=42)) for another order."
-            )
-        task = env.task
-        for name in ("num_turns", "early_termination_threshold"):
-            if getattr(task, name) != getattr(self.args, name):
-                raise ValueError(
-                    f"env has {name}={getattr(task, name)!r} but args.{name}="
-                    f"{getattr(self.args, name)!r}; make them equal."
-                )
-
     @property
     def sampling(self) -> SamplingConfig:
         a = self.args
@@ -248,7 +227,8 @@ class TeamTrainer(RunMixin):
                 "train_dataset=... and reward_func=... to train."
             )
         if self.args.seed is not None:
-            _seed_everything(self.args.seed)
+            set_seed(self.args.seed)  # python, numpy, torch (and CUDA)
+        self._prepare_schedule()
         if resume is None:
             self._start_fresh()
         else:
@@ -295,6 +275,16 @@ class TeamTrainer(RunMixin):
     def _dataset(self) -> Dataset | IterableDataset:
         assert self.env is not None, "train() checks for a train_dataset first"
         return self.env.source.dataset
+
+    def _prepare_schedule(self) -> None:
+        """Give the learner the run's rounds (their item counts), which its learning-rate
+        schedule spans; unknown (None) for a stream or without a train_dataset."""
+        data = None if self.env is None else self._dataset()
+        rounds = None
+        if isinstance(data, Dataset):
+            size, interval = self._items_per_batch(), self.args.eval_interval
+            rounds = list(round_sizes(len(data), size, interval)) * self.args.num_train_epochs
+        self.learner.schedule(rounds)
 
     def _total_items(self) -> int | None:
         data = self._dataset()
@@ -372,25 +362,9 @@ class TeamTrainer(RunMixin):
         return {}
 
 
-def _check_reference_devices(args: SharedConfig, num_agents: int) -> None:
-    if args.reference_devices is not None and not args.to_dict().get("reference_kl_enabled"):
-        raise ValueError(
-            f"reference_devices={args.reference_devices!r} places the frozen reference "
-            "models, which exist only with reference_kl_enabled=True; set that or drop "
-            "reference_devices."
-        )
-    resolve_devices(args.reference_devices, num_agents, "reference_devices")  # before loading
-
-
 def _reward_postfix(metrics: Mapping[str, float]) -> dict[str, float]:
     return {
         k.split("/")[0]: v
         for k, v in metrics.items()
         if k.startswith("turn_") and k.endswith("/reward_mean")
     }
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

@@ -110,6 +110,9 @@ class RunMixin:
             )
         clear_checkpoints(foreign)
 
+    def _prepare_schedule(self) -> None:
+        raise NotImplementedError  # TeamTrainer: it knows the run's rounds
+
     def _apply_learning_rates(self) -> None:
         """The config's learning rates win over those a resumed optimizer brings."""
         self.learner.apply_learning_rates()
@@ -139,6 +142,7 @@ class RunMixin:
         Frozen reference models are not saved: they are the initial weights, which the trainer
         that resumes is built from again.
         """
+        self._prepare_schedule()
         models, optimizers = self._checkpoint_parts()
         state = {
             "algorithm": self.algorithm,
@@ -155,6 +159,7 @@ class RunMixin:
             self.items_seen,
             models=models,
             optimizers=optimizers,
+            schedulers=self.learner.schedulers,
             trainer_state=state,
             keep_last=self.args.save_total_limit,
         )
@@ -175,9 +180,14 @@ class RunMixin:
                 )
             path = found
         path = Path(path)
+        self._prepare_schedule()  # the schedulers exist before their state is loaded
         models, optimizers = self._checkpoint_parts()
         state = load_checkpoint(
-            path, models=models, optimizers=optimizers, check=lambda s: self._check_state(s, path)
+            path,
+            models=models,
+            optimizers=optimizers,
+            schedulers=self.learner.schedulers,
+            check=lambda s: self._check_state(s, path),
         )
         self.run_id = state["run"]["run_id"]
         self.epoch, self.epoch_position = state["epoch"], state["epoch_position"]
