@@ -3,7 +3,7 @@
     cmlrl train RUN.yaml [--set config.agent_learning_rate=1e-5 ...] [--resume latest]
     cmlrl eval RUN.yaml [--checkpoint PATH|latest] [--num-eval-samples N]
     cmlrl check RUN.yaml | cmlrl check --task length_ratio | --dataset M:F --reward M:F ...
-    cmlrl plot RUN_DIR
+    cmlrl plot RUN_DIR | cmlrl plot RUN_DIR/trees/env_step-000000.json
 
 A run file has the sections ``algorithm``, ``model``, ``task``, ``config`` and ``wandb`` (see
 ``docs/experiments.md``). Mistakes in it exit with status 2 and one line naming the valid choices;
@@ -356,9 +356,29 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        path = plot_metrics(args.run_dir, output=args.output)
-    print(path)
+        paths = _plot(args.run_dir, args.output)
+    print("\n".join(str(p) for p in paths))
     return 0
+
+
+def _plot(target: Path, output: Path | None) -> list[Path]:
+    """A run folder: its reward plot and every rollout tree in ``trees/``; a tree's JSON: it."""
+    from cmlrl_agents.tree_plot import draw_rollout_tree
+    from cmlrl_agents.tree_view import TreeView
+
+    if target.suffix == ".json":
+        png, page = draw_rollout_tree(TreeView.load(target), output or target.with_suffix(".png"))
+        return [png, page] if page is not None else [png]
+    trees = sorted((target / "trees").glob("*.json"))
+    if output is not None and trees:
+        raise CLIError("--output names one file; it works for a run folder without trees/ only.")
+    paths = []
+    if (target / "metrics.jsonl").is_file() or not trees:
+        paths.append(plot_metrics(target, output=output))
+    for tree in trees:
+        png, page = draw_rollout_tree(TreeView.load(tree), tree.with_suffix(".png"))
+        paths += [png, page] if page is not None else [png]
+    return paths
 
 
 # -- argument parsing ---------------------------------------------------------------------------
@@ -405,9 +425,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--formatters", nargs="+", metavar="MODULE:FUNCTION")
     check.add_argument("--transition", metavar="MODULE:FUNCTION")
     check.set_defaults(handler=cmd_check)
-    plot = commands.add_parser("plot", help="write the reward plot of a run folder")
-    plot.add_argument("run_dir", type=Path)
-    plot.add_argument("--output", type=Path, help="default: RUN_DIR/rewards.png")
+    plot = commands.add_parser(
+        "plot", help="draw a run folder's reward plot and rollout trees, or one tree's JSON"
+    )
+    plot.add_argument("run_dir", type=Path, metavar="RUN_DIR|TREE.json")
+    plot.add_argument(
+        "--output", type=Path, help="default: RUN_DIR/rewards.png, or TREE.png beside the JSON"
+    )
     plot.set_defaults(handler=cmd_plot, set=[])
     return parser
 

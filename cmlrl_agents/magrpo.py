@@ -12,6 +12,7 @@ import copy
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,8 @@ from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.trainer_base import Item, TeamTrainer, turn_metrics
+from cmlrl_agents.tree_plot import save_rollout_tree
+from cmlrl_agents.tree_view import rollout_tree_view
 from cmlrl_env import CoMLRLEnv
 
 __all__ = [
@@ -157,6 +160,7 @@ class MAGRPOTrainer(TeamTrainer):
             if args.reference_kl_enabled
             else None
         )
+        self.rounds = 0  # rounds trained by this object; tree_plot_interval counts them
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluate on the first ``num_eval_samples`` eval items (default
@@ -197,6 +201,9 @@ class MAGRPOTrainer(TeamTrainer):
             joint_mode=args.joint_mode,
         )
         joint_returns = tree.returns(args.discount)
+        if args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0:
+            self.save_tree(tree)
+        self.rounds += 1
         metrics = turn_metrics(tree, joint_returns)
         agent_returns = tree.agent_returns(joint_returns)
         losses, norms = [], []
@@ -214,6 +221,20 @@ class MAGRPOTrainer(TeamTrainer):
         metrics["grad_norm"] = sum(norms) / len(norms)
         metrics.update(_kl_turn_means(metrics, self.num_agents))
         return metrics, tree.env_steps
+
+    def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
+        """Draw the first item of ``tree`` with this trainer's return and advantage settings
+        into ``run_dir/trees/env_step-<E>`` (``.json``, ``.html`` and, unless the tree is too big
+        for one image, ``.png``); returns the paths by suffix."""
+        args = self.args
+        view = rollout_tree_view(
+            tree,
+            discount=args.discount,
+            advantage_mode=args.advantage_mode,
+            advantage_normalization=args.advantage_normalization,
+            env_step=self.env_step,
+        )
+        return save_rollout_tree(view, self.run_dir / "trees" / f"env_step-{self.env_step:06d}")
 
     def _update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm."""
