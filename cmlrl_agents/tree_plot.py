@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import warnings
 from pathlib import Path
 
 from matplotlib import colormaps
@@ -107,7 +108,8 @@ def _leaf_rows(view: TreeView) -> dict[int | None, float]:
 
 
 def _snippet(text: str, chars: int) -> str:
-    flat = " ".join(text.split())
+    # Control characters have no glyph: a random model's bytes would print as warnings.
+    flat = " ".join("".join(c if c.isprintable() else "·" for c in text).split())
     if not flat:
         return "(empty)"
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
@@ -189,7 +191,10 @@ def _draw_png(
         va="top",
     )
     figure.text(0.01, 0.1 / height, _LEGEND, fontsize=7, color="0.3")
-    figure.savefig(path, dpi=dpi)
+    with warnings.catch_warnings():
+        # A glyph the monospace font lacks shows as a box; the HTML has the exact text.
+        warnings.filterwarnings("ignore", "Glyph .* missing from font", UserWarning)
+        figure.savefig(path, dpi=dpi)
 
 
 _CSS = """
