@@ -41,7 +41,7 @@ from cmlrl_agents.cli_tasks import (
 )
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import WANDB_CONFIG_KEYS
-from cmlrl_agents.plotting import plot_metrics
+from cmlrl_agents.plotting import plot_metrics, plot_run
 from cmlrl_agents.team import MODEL_CONFIG_KEYS
 
 __all__ = ["ALGORITHMS", "BUILTIN_MODELS", "MODEL_KEYS", "Plan", "build_trainer", "main", "plan"]
@@ -356,29 +356,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        paths = _plot(args.run_dir, args.output)
+        paths = plot_run(args.run_dir, output=args.output)
     print("\n".join(str(p) for p in paths))
     return 0
-
-
-def _plot(target: Path, output: Path | None) -> list[Path]:
-    """A run folder: its reward plot and every rollout tree in ``trees/``; a tree's JSON: it."""
-    from cmlrl_agents.tree_plot import draw_rollout_tree
-    from cmlrl_agents.tree_view import TreeView
-
-    if target.suffix == ".json":
-        png, page = draw_rollout_tree(TreeView.load(target), output or target.with_suffix(".png"))
-        return [png, page] if page is not None else [png]
-    trees = sorted((target / "trees").glob("*.json"))
-    if output is not None and trees:
-        raise CLIError("--output names one file; it works for a run folder without trees/ only.")
-    paths = []
-    if (target / "metrics.jsonl").is_file() or not trees:
-        paths.append(plot_metrics(target, output=output))
-    for tree in trees:
-        png, page = draw_rollout_tree(TreeView.load(tree), tree.with_suffix(".png"))
-        paths += [png, page] if page is not None else [png]
-    return paths
 
 
 # -- argument parsing ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -115,7 +116,7 @@ def _snippet(text: str, chars: int) -> str:
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
 
 
-def _node_label(view: TreeView, node: TreeNode, chars: int) -> str:
+def _node_label(node: TreeNode, chars: int) -> str:
     lines = [
         f"a{a} [{len(text):>3}]: {_snippet(text, chars)}" for a, text in enumerate(node.completions)
     ]
@@ -126,19 +127,8 @@ def _node_label(view: TreeView, node: TreeNode, chars: int) -> str:
     return "\n".join(lines)
 
 
-def _draw_png(
-    view: TreeView, rows: dict[int | None, float], leaves: int, path: Path, chars: int, dpi: int
-) -> None:
-    line_in = 0.15
-    row_in = line_in * (view.num_agents + 3) + 0.12
-    col_in = 0.1 * chars + 1.4
-    height = leaves * row_in + 1.1  # inches: the rows, the title above, the legend below
-    figure = Figure(figsize=((view.num_turns + 1) * col_in, height), dpi=dpi)
-    FigureCanvasAgg(figure)
-    axes = figure.add_axes((0.01, 0.35 / height, 0.98, (height - 0.8) / height))
-    axes.set_xlim(-0.05, view.num_turns + 0.95)
-    axes.set_ylim(leaves - 0.5, -1.0)
-    axes.axis("off")
+def _draw_boxes(axes: Axes, view: TreeView, rows: dict[int | None, float], chars: int) -> None:
+    """One box per node (coloured by reward, red border if ended early), joined to its parent."""
     rewards = [n.reward for n in view.nodes]
     low, high = min(rewards), max(rewards)
     cmap = colormaps["RdYlGn"]
@@ -164,7 +154,7 @@ def _draw_png(
         texts[node.id] = axes.text(
             node.turn,
             rows[node.id],
-            _node_label(view, node, chars),
+            _node_label(node, chars),
             bbox={**box, "fc": face, **edge},
             parse_math=False,
             **style,
@@ -179,6 +169,22 @@ def _draw_png(
             arrowprops={"arrowstyle": "-", "color": "0.55", "linewidth": 0.8},
             zorder=1,
         )
+
+
+def _draw_png(
+    view: TreeView, rows: dict[int | None, float], leaves: int, path: Path, chars: int, dpi: int
+) -> None:
+    line_in = 0.15
+    row_in = line_in * (view.num_agents + 3) + 0.12
+    col_in = 0.1 * chars + 1.4
+    height = leaves * row_in + 1.1  # inches: the rows, the title above, the legend below
+    figure = Figure(figsize=((view.num_turns + 1) * col_in, height), dpi=dpi)
+    FigureCanvasAgg(figure)
+    axes = figure.add_axes((0.01, 0.35 / height, 0.98, (height - 0.8) / height))
+    axes.set_xlim(-0.05, view.num_turns + 0.95)
+    axes.set_ylim(leaves - 0.5, -1.0)
+    axes.axis("off")
+    _draw_boxes(axes, view, rows, chars)
     for turn in range(1, view.num_turns + 1):
         axes.text(turn, -0.85, f"turn {turn}", fontsize=9, weight="bold", ha="left")
     step = "" if view.env_step is None else f", env_step {view.env_step}"

@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from cmlrl_agents.advantages import BASELINES, group_advantages
-from cmlrl_agents.rollout import RolloutTree
+from cmlrl_agents.rollout import Level, RolloutTree
 
 __all__ = ["TreeNode", "TreeView", "rollout_tree_view"]
 
@@ -130,6 +132,42 @@ def _check_keys(what: str, data: Any, expected: set[str]) -> None:
         raise ValueError(f"{what}: missing keys {missing}, unknown keys {unknown}.")
 
 
+def _level_nodes(
+    level: Level,
+    item_slot: int,
+    joint_returns: Tensor,
+    advantages: list[Tensor],
+    parent_ids: dict[int, int],
+    nodes: list[TreeNode],
+) -> dict[int, int]:
+    """Append the item's joint actions of ``level`` to ``nodes``; their ids by flat index."""
+    ids: dict[int, int] = {}
+    for branch, slot in enumerate(level.item_slot):
+        if slot != item_slot:
+            continue
+        parent = None if level.parent[branch] < 0 else parent_ids[level.parent[branch]]
+        for j, sample in enumerate(level.joints):
+            outcome = level.outcomes[branch][j]
+            ids[branch * len(level.joints) + j] = len(nodes)
+            nodes.append(
+                TreeNode(
+                    id=len(nodes),
+                    parent=parent,
+                    turn=level.turn,
+                    sample=tuple(sample),
+                    prompts=tuple(level.states[branch].prompts),
+                    completions=tuple(
+                        level.completions[a][branch][g].text for a, g in enumerate(sample)
+                    ),
+                    reward=float(outcome.reward),
+                    turn_return=float(joint_returns[branch, j]),
+                    advantages=tuple(float(advantages[a][branch, g]) for a, g in enumerate(sample)),
+                    ended_early=bool(outcome.terminated),
+                )
+            )
+    return ids
+
+
 def rollout_tree_view(
     tree: RolloutTree,
     *,
@@ -164,34 +202,7 @@ def rollout_tree_view(
             group_advantages(per_agent[:, a, :], advantage_mode, advantage_normalization)
             for a in range(tree.num_agents)
         ]
-        level_ids: dict[int, int] = {}
-        for branch, slot in enumerate(level.item_slot):
-            if slot != item_slot:
-                continue
-            parent = None if level.parent[branch] < 0 else ids[level.parent[branch]]
-            state = level.states[branch]
-            for j, sample in enumerate(level.joints):
-                outcome = level.outcomes[branch][j]
-                level_ids[branch * len(level.joints) + j] = len(nodes)
-                nodes.append(
-                    TreeNode(
-                        id=len(nodes),
-                        parent=parent,
-                        turn=level.turn,
-                        sample=tuple(sample),
-                        prompts=tuple(state.prompts),
-                        completions=tuple(
-                            level.completions[a][branch][g].text for a, g in enumerate(sample)
-                        ),
-                        reward=float(outcome.reward),
-                        turn_return=float(joint[branch, j]),
-                        advantages=tuple(
-                            float(advantages[a][branch, g]) for a, g in enumerate(sample)
-                        ),
-                        ended_early=bool(outcome.terminated),
-                    )
-                )
-        ids = level_ids
+        ids = _level_nodes(level, item_slot, joint, advantages, ids, nodes)
     _, item_index = tree.items[item_slot]
     return TreeView(
         item_index=item_index,

@@ -312,6 +312,9 @@ def test_cmlrl_plot_draws_a_tree_json_and_a_run_folders_trees(tmp_path, capsys):
     stem.with_suffix(".png").unlink()
     assert main(["plot", str(tmp_path / "run")]) == 0  # no metrics.jsonl: the trees only
     assert stem.with_suffix(".png").is_file()
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path / "run"), "--output", str(tmp_path / "x.png")]) == 2
+    assert "names one file but" in capsys.readouterr().err
     (tmp_path / "broken.json").write_text("{}")
     assert main(["plot", str(tmp_path / "broken.json")]) == 2
     assert "tree view: missing keys" in capsys.readouterr().err
