@@ -26,6 +26,7 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents, resolve_num_agents
 from cmlrl_env import CoMLRLEnv
 from cmlrl_env.core import Task
+from cmlrl_env.dataset import stream_pass
 
 __all__ = ["TeamTrainer", "turn_metrics"]
 
@@ -139,6 +140,12 @@ class TeamTrainer:
                 "reward_processor and external_transition; pass them to CoMLRLEnv, "
                 "not to the trainer as well."
             )
+        if env.source.item_order != "dataset":
+            raise ValueError(
+                f"env has item_order={env.source.item_order!r}, but trainers read the task items "
+                "in dataset order (SPEC §2); build the env with item_order='dataset' and "
+                "shuffle the dataset itself (train_dataset.shuffle(seed=42)) for another order."
+            )
         task = env.task
         for name in ("num_turns", "early_termination_threshold"):
             if getattr(task, name) != getattr(self.args, name):
@@ -213,7 +220,10 @@ class TeamTrainer:
         size, interval = self._items_per_batch(), self.args.eval_interval
         batch: list[Item] = []
         start = skip
-        for index, item in _enumerate_items(self._dataset(), skip):
+        items = _enumerate_items(
+            self._dataset(), skip, name="train_dataset", pass_number=self.epoch + 1
+        )
+        for index, item in items:
             batch.append((item, index))
             next_index = index + 1
             if len(batch) == size or (interval and next_index % interval == 0):
@@ -237,7 +247,11 @@ class TeamTrainer:
             or num_eval_samples < 1
         ):
             raise ValueError(f"num_eval_samples must be a positive int, got {num_eval_samples!r}.")
-        items = list(_enumerate_items(self.eval_dataset, 0, limit=num_eval_samples))
+        items = list(
+            _enumerate_items(
+                self.eval_dataset, 0, limit=num_eval_samples, name="eval_dataset", pass_number=None
+            )
+        )
         trees = []
         for i in range(0, len(items), self.args.eval_batch_size):
             chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
@@ -341,14 +355,21 @@ class TeamTrainer:
 
 
 def _enumerate_items(
-    data: Dataset | IterableDataset, skip: int, limit: int | None = None
+    data: Dataset | IterableDataset,
+    skip: int,
+    limit: int | None = None,
+    *,
+    name: str,
+    pass_number: int | None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     if isinstance(data, Dataset):
         stop = len(data) if limit is None else min(limit, len(data))
         for index in range(skip, stop):
             yield index, dict(data[index])
         return
-    for index, item in enumerate(data):
+    # A stream that yields nothing is refused as the env refuses it (empty, or one-shot on a
+    # later pass), instead of silently training on no items.
+    for index, item in enumerate(stream_pass(data, name=name, pass_number=pass_number)):
         if limit is not None and index >= limit:
             return
         if index >= skip:

@@ -13,12 +13,14 @@ from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Ou
 from cmlrl_env.dataset import TaskSource
 from cmlrl_env.env import CoMLRLEnv
 from cmlrl_env.formatters import Formatters, default_formatter
+from cmlrl_env.gymnasium_view import CoMLRLGymnasiumEnv, as_gymnasium
 from cmlrl_env.rewards import RewardFunction, RewardProcessors
 from cmlrl_env.spaces import TextSpace
 from cmlrl_env.transitions import Transition
 
 __all__ = [
     "CoMLRLEnv",
+    "CoMLRLGymnasiumEnv",
     "ConformanceError",
     "DEFAULT_EARLY_TERMINATION_THRESHOLD",
     "EpisodeState",
@@ -32,6 +34,7 @@ __all__ = [
     "TaskSource",
     "TextSpace",
     "Transition",
+    "as_gymnasium",
     "check_env",
     "check_multi_turn_determinism",
     "check_task",

@@ -186,7 +186,11 @@ def check_multi_turn_determinism(
 
 
 def check_text_contract(env_fn: EnvFactory, *, num_episodes: int = 3, seed: int = 0) -> None:
-    """Observations in their spaces, finite cooperative float rewards, bounded episodes."""
+    """Observations in their spaces, finite cooperative float rewards, bounded episodes.
+
+    A ``CoMLRLEnv`` also ends its episodes by termination only: after ``num_turns`` turns or
+    early, never by truncation.
+    """
     _require_factory(env_fn)
     env = env_fn()
     sample = _action_sampler(env, seed)
@@ -212,10 +216,17 @@ def check_text_contract(env_fn: EnvFactory, *, num_episodes: int = 3, seed: int 
                     f"but {sorted(set(live) - ended)} did not; the team ends "
                     "an episode together.",
                 )
-            if max_turns is not None and (turn == max_turns) != all(truncs[a] for a in live):
+            if max_turns is not None and turn == max_turns and not all(terms[a] for a in live):
                 raise ConformanceError(
                     "text_contract",
-                    f"{where}: truncations {truncs} but the turn budget is num_turns={max_turns}.",
+                    f"{where}: terminations {terms} after the last of num_turns={max_turns} "
+                    "turns; the task's end is a termination.",
+                )
+            if max_turns is not None and any(truncs[a] for a in live):
+                raise ConformanceError(
+                    "text_contract",
+                    f"{where}: truncations {truncs}, but the task has no limit of its own "
+                    "(its end, early or not, is a termination).",
                 )
     env.close()
 

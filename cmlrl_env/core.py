@@ -57,17 +57,22 @@ class EpisodeState:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one joint action did to one branch."""
+    """What one joint action did to one branch.
+
+    ``terminated`` means the task is over for this branch: its last turn was played (the reward
+    scored the final answer) or its reward exceeded ``early_termination_threshold``. Either way
+    nothing follows, so no value should be bootstrapped. The task has no limits of its own that
+    would cut an episode short (truncation); those belong to wrappers such as ``TimeLimit``.
+    """
 
     reward: float
     raw_reward: float
     terminated: bool
-    truncated: bool
     next_state: EpisodeState | None
 
     @property
     def done(self) -> bool:
-        return self.terminated or self.truncated
+        return self.terminated
 
 
 class Task:
@@ -160,12 +165,11 @@ class Task:
     def _outcome(
         self, state: EpisodeState, action: tuple[str, ...], reward: float, raw: float
     ) -> Outcome:
-        turn = state.turn + 1
-        truncated = turn >= self.num_turns
         threshold = self.early_termination_threshold
-        terminated = not truncated and threshold is not None and reward > threshold
-        next_state = None if truncated or terminated else self._advance(state, action)
-        return Outcome(reward, raw, terminated, truncated, next_state)
+        last_turn = state.turn + 1 >= self.num_turns
+        terminated = last_turn or (threshold is not None and reward > threshold)
+        next_state = None if terminated else self._advance(state, action)
+        return Outcome(reward, raw, terminated, next_state)
 
     def _advance(self, state: EpisodeState, action: tuple[str, ...]) -> EpisodeState:
         assert self.transition is not None  # num_turns > 1 requires one (checked in __init__)

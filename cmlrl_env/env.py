@@ -6,11 +6,15 @@
 | Observation | the agent's prompt (``str``; ``{"prompt": str}`` with ``dict_observations=True``) |
 | Action | the agent's completion (``str``, at most ``max_completion_chars`` characters) |
 | Reward | cooperative: every agent gets the joint response's (processed) reward |
-| Termination | ``terminated`` when the turn's reward exceeds ``early_termination_threshold``; |
-| | ``truncated`` after ``num_turns`` turns |
+| Termination | ``terminated`` after the last of ``num_turns`` turns, or earlier when the turn's |
+| | reward exceeds ``early_termination_threshold``; never ``truncated`` (no limit of its own) |
+| Infos | ``turn`` (int), ``item_index`` (int, ``-1`` for a given item), ``raw_reward`` (float, |
+| | ``0.0`` at reset): the same keys and types at reset and every step |
+| Item order | ``item_order="dataset"`` (from item ``seed % len``) or ``"shuffle"`` |
 | State | the joint transcript of the episode (for centralised critics) |
 
-Version history: v0 — first release.
+Version history: v1 — a seed restarts the item order; the task's end is a termination; stable
+infos; unknown reset options raise. v0 — first release.
 """
 
 from __future__ import annotations
@@ -25,26 +29,38 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome, Task
-from cmlrl_env.dataset import TaskSource
+from cmlrl_env.dataset import TaskSource, check_seed
 from cmlrl_env.formatters import Formatter
 from cmlrl_env.rewards import RewardProcessor
 from cmlrl_env.spaces import DEFAULT_MAX_CHARS, TextSpace
 
-__all__ = ["CoMLRLEnv"]
+__all__ = ["CoMLRLEnv", "GIVEN_ITEM_INDEX", "RESET_OPTIONS"]
 
 Obs = Any  # str, or {"prompt": str} with dict_observations=True
+
+GIVEN_ITEM_INDEX = -1  # infos["item_index"] of an item given through options={"item": ...}
+RESET_OPTIONS = ("index", "item")
+# PettingZoo's parallel_api_test and api_test probe the signature with exactly this value.
+_PETTINGZOO_PROBE = {"options": 1}
 
 
 class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     """Observations are prompts, actions are completions, rewards are cooperative.
 
-    ``env = CoMLRLEnv(dataset, formatters, reward_func)``; each ``reset()`` takes the next task
-    item in dataset order (wrapping round); ``options={"index": i}`` pins item ``i`` of a
-    map-style dataset and ``options={"item": {...}}`` plays a given item. ``env.task`` is the
+    ``env = CoMLRLEnv(dataset, formatters, reward_func)``; ``reset(seed=s)`` restarts the item
+    order from ``s`` and each ``reset()`` takes the next item of it (``item_order``, see
+    ``cmlrl_env.dataset``); ``options={"index": i}`` pins item ``i`` of a map-style dataset and
+    ``options={"item": {...}}`` plays a given item, neither moving the order. ``env.task`` is the
     pure core that trainers step in groups (``Task.step_group``).
     """
 
-    metadata = {"name": "comlrl_v0", "render_modes": ["ansi", "human"], "is_parallelizable": True}
+    # render_fps is nominal: "human" prints the transcript once per step.
+    metadata = {
+        "name": "comlrl_v1",
+        "render_modes": ["ansi", "human"],
+        "render_fps": 1,
+        "is_parallelizable": True,
+    }
 
     def __init__(
         self,
@@ -61,6 +77,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         max_prompt_chars: int = DEFAULT_MAX_CHARS,
         max_completion_chars: int = DEFAULT_MAX_CHARS,
         dict_observations: bool = False,
+        item_order: str = "dataset",
     ) -> None:
         if reward_func is None:
             raise TypeError(
@@ -71,13 +88,9 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
                 f"render_mode={render_mode!r} is not supported; choose one of "
                 f"{self.metadata['render_modes']} or None."
             )
-        for name, value in (
-            ("max_prompt_chars", max_prompt_chars),
-            ("max_completion_chars", max_completion_chars),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-        self.source = TaskSource(dataset)
+        _check_char_limit("max_prompt_chars", max_prompt_chars)
+        _check_char_limit("max_completion_chars", max_completion_chars)
+        self.source = TaskSource(dataset, item_order=item_order)
         self.task = Task(
             formatters,
             reward_func,
@@ -117,10 +130,16 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Obs], dict[str, dict[str, Any]]]:
-        """Start an episode on the next task item (or the one ``options`` pins)."""
+        """Start an episode on the next task item (or the one ``options`` pins).
+
+        A seed reseeds ``np_random`` and restarts the item order; no seed continues it.
+        """
+        seed = check_seed(seed)
+        options = _check_options(options)
         if seed is not None:
             self.np_random = np.random.default_rng(seed)
-        item, index = self._pick_item(options or {})
+            self.source.rewind(seed)
+        item, index = self._pick_item(options)
         self._state = self.task.initial_state(item, index)
         self._last = None
         self.agents = list(self.possible_agents)
@@ -163,7 +182,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         obs = self._observe(self._state)
         rewards = {a: outcome.reward for a in agents}
         terms = {a: outcome.terminated for a in agents}
-        truncs = {a: outcome.truncated for a in agents}
+        truncs = {a: False for a in agents}  # the task has no limit of its own; wrappers add them
         infos = self._infos(self._state, outcome)
         if self.render_mode == "human":
             self.render()
@@ -220,9 +239,13 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         }
 
     def _infos(self, state: EpisodeState, outcome: Outcome | None) -> dict[str, dict[str, Any]]:
-        info: dict[str, Any] = {"turn": state.turn, "item_index": state.item_index}
-        if outcome is not None:
-            info["raw_reward"] = outcome.raw_reward
+        # The same keys and types at reset and every step: consumers such as TorchRL build their
+        # info spec from the reset infos.
+        info = {
+            "turn": state.turn,
+            "item_index": GIVEN_ITEM_INDEX if state.item_index is None else state.item_index,
+            "raw_reward": 0.0 if outcome is None else float(outcome.raw_reward),
+        }
         return {a: dict(info) for a in self.possible_agents}
 
     # -- views ----------------------------------------------------------------------------------
@@ -253,3 +276,25 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     def close(self) -> None:
         self._state = None
         self.agents = []
+
+
+def _check_char_limit(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+
+
+def _check_options(options: object) -> dict[str, Any]:
+    if options is None or options == _PETTINGZOO_PROBE:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(
+            f"options must be None or a dict with the keys {list(RESET_OPTIONS)}, got "
+            f"{type(options).__name__} {options!r:.80}; e.g. options={{'index': 0}}."
+        )
+    unknown = sorted(str(k) for k in options if k not in RESET_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"unknown reset option(s) {unknown}; the valid keys are {list(RESET_OPTIONS)} "
+            "('index': an item of a map-style dataset, 'item': a task item dict)."
+        )
+    return options

@@ -103,7 +103,7 @@ def test_options_item_plays_a_given_item() -> None:
     env = CoMLRLEnv(prompts_dataset(), None, reward)
     obs, infos = env.reset(options={"item": {"prompt": "custom", "answer": 42}})
     assert obs == {"agent_0": "custom", "agent_1": "custom"}
-    assert infos["agent_0"]["item_index"] is None
+    assert infos["agent_0"]["item_index"] == -1  # GIVEN_ITEM_INDEX: never None
     play(env)
     assert seen == [{"prompt": "custom", "answer": 42}]
 
@@ -267,6 +267,43 @@ def test_formatter_with_external_prompts_receives_the_transitions_prompt() -> No
 def test_infos_report_turn_item_and_raw_reward() -> None:
     env = CoMLRLEnv(prompts_dataset(), None, lambda c1, c2: [0.25])
     _, infos = env.reset()
-    assert infos == {a: {"turn": 0, "item_index": 0} for a in ("agent_0", "agent_1")}
+    assert infos == {
+        a: {"turn": 0, "item_index": 0, "raw_reward": 0.0} for a in ("agent_0", "agent_1")
+    }
     *_, infos = env.step({"agent_0": "x", "agent_1": "y"})
     assert infos["agent_1"] == {"turn": 1, "item_index": 0, "raw_reward": 0.25}
+
+
+@pytest.mark.parametrize(
+    "options", [None, {"index": 1}, {"item": {"prompt": "a given item"}}], ids=str
+)
+def test_info_keys_and_types_are_the_same_at_reset_and_every_step(options: Any) -> None:
+    # TorchRL builds its info spec from the reset infos; None or a new key breaks it later.
+    env = CoMLRLEnv(
+        Dataset.from_dict({"prompt": ["p0", "p1"]}),
+        None,
+        lambda c1, c2: [0.5] * len(c1),
+        num_turns=3,
+        external_transition=lambda prompt, agent_completions, num_agents, **h: [prompt] * 2,
+        early_termination_threshold=None,
+    )
+    types = {"turn": int, "item_index": int, "raw_reward": float}
+    expected = {a: types for a in env.possible_agents}
+
+    def schema(infos: dict) -> dict:
+        return {a: {k: type(v) for k, v in info.items()} for a, info in infos.items()}
+
+    _, infos = env.reset(seed=0, options=options)
+    history = [infos["agent_0"]]
+    assert schema(infos) == expected
+    while env.agents:
+        *_, infos = env.step({a: "x" for a in env.agents})
+        assert schema(infos) == expected
+        history.append(infos["agent_0"])
+    index = {None: 0, "index": 1, "item": -1}[next(iter(options or {None: 0}))]
+    assert history == [
+        {"turn": 0, "item_index": index, "raw_reward": 0.0},
+        {"turn": 1, "item_index": index, "raw_reward": 0.5},
+        {"turn": 2, "item_index": index, "raw_reward": 0.5},
+        {"turn": 3, "item_index": index, "raw_reward": 0.5},
+    ]

@@ -274,7 +274,11 @@ def test_empty_dataset_is_rejected() -> None:
 def test_empty_stream_is_rejected_at_reset() -> None:
     stream = IterableDataset.from_generator(lambda: iter(()))
     env = CoMLRLEnv(stream, None, lambda c1, c2: [0.0])
-    with pytest.raises(ValueError, match=r"dataset yielded no items; give at least one"):
+    with pytest.raises(
+        ValueError,
+        match=r"^dataset is empty: the IterableDataset yielded no items; give at least one task "
+        r"item\.$",
+    ):
         env.reset()
 
 

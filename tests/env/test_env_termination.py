@@ -1,14 +1,23 @@
-"""Termination: turn budget (truncation), early termination, the default-threshold warning."""
+"""Termination: the task's end and an early end (never truncation); the threshold warning."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
+import gymnasium
 import pytest
 from datasets import Dataset
 
-from cmlrl_env import DEFAULT_EARLY_TERMINATION_THRESHOLD, CoMLRLEnv, Task
+from cmlrl_env import (
+    DEFAULT_EARLY_TERMINATION_THRESHOLD,
+    CoMLRLEnv,
+    ConformanceError,
+    Task,
+    check_text_contract,
+)
+from cmlrl_env.gymnasium_view import GYMNASIUM_ID
 from cmlrl_env.tasks import feedback_dataset, feedback_ratio_reward, length_feedback
 
 
@@ -38,23 +47,24 @@ def test_default_threshold_is_the_seeds() -> None:
     assert DEFAULT_EARLY_TERMINATION_THRESHOLD == -0.2
 
 
-def test_single_turn_episode_is_truncated_after_one_step() -> None:
+def test_single_turn_episode_terminates_after_one_step() -> None:
+    # The last reward scores the last answer: the task is over, nothing is left to bootstrap.
     env = CoMLRLEnv(Dataset.from_dict({"prompt": ["p"]}), None, constant(0.5))
     env.reset()
     _, terms, truncs = step(env)
-    assert terms == {"agent_0": False, "agent_1": False}
-    assert truncs == {"agent_0": True, "agent_1": True}
+    assert terms == {"agent_0": True, "agent_1": True}
+    assert truncs == {"agent_0": False, "agent_1": False}
     assert env.agents == []
 
 
-def test_episode_is_truncated_after_num_turns() -> None:
+def test_episode_terminates_after_num_turns() -> None:
     env = multi_turn_env(constant(0.5), num_turns=3, early_termination_threshold=None)
     env.reset()
     history = [step(env)[1:] for _ in range(3)]
     assert [(t["agent_0"], tr["agent_0"]) for t, tr in history] == [
         (False, False),
         (False, False),
-        (False, True),
+        (True, False),
     ]
     assert env.agents == []
 
@@ -75,7 +85,7 @@ def test_episode_goes_on_when_the_reward_does_not_exceed_the_threshold(reward: f
     _, terms, _ = step(env)
     assert terms["agent_0"] is False and env.agents == ["agent_0", "agent_1"]
     _, terms, truncs = step(env)
-    assert (terms["agent_0"], truncs["agent_0"]) == (False, True)
+    assert (terms["agent_0"], truncs["agent_0"]) == (True, False)
 
 
 def test_threshold_compares_the_processed_reward() -> None:
@@ -159,3 +169,34 @@ def test_no_warning_when_some_branch_goes_on() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         task.step_group([root], [[("bad", "x"), ("good", "x")]])
+
+
+def test_an_external_limit_truncates_while_the_task_end_terminates() -> None:
+    env_fn = functools.partial(
+        multi_turn_env, constant(0.5), num_turns=3, early_termination_threshold=None
+    )
+    partners = {"agent_1": lambda prompt: "answer"}
+    limited = gymnasium.make(GYMNASIUM_ID, env_fn=env_fn, partners=partners, max_episode_steps=2)
+    limited.reset(seed=0)
+    assert limited.step("answer")[2:4] == (False, False)
+    assert limited.step("answer")[2:4] == (False, True)  # TimeLimit: a limit outside the task
+    unlimited = gymnasium.make(GYMNASIUM_ID, env_fn=env_fn, partners=partners)
+    unlimited.reset(seed=0)
+    assert [unlimited.step("answer")[2:4] for _ in range(3)] == [
+        (False, False),
+        (False, False),
+        (True, False),
+    ]
+
+
+def test_the_text_contract_rejects_an_env_that_truncates_its_own_task() -> None:
+    class Truncating(CoMLRLEnv):
+        def step(self, actions):  # type: ignore[no-untyped-def]
+            obs, rewards, terms, truncs, infos = super().step(actions)
+            return obs, rewards, {a: False for a in terms}, {a: True for a in truncs}, infos
+
+    def env_fn(**kwargs: object) -> CoMLRLEnv:
+        return Truncating(Dataset.from_dict({"prompt": ["p"]}), None, constant(0.5), **kwargs)
+
+    with pytest.raises(ConformanceError, match=r"terminations .* after the last of num_turns=1"):
+        check_text_contract(env_fn)
