@@ -77,6 +77,8 @@ class RolloutTree:
     num_agents: int
     num_generations: int
     levels: list[Level] = field(default_factory=list)
+    num_turns: int | None = None
+    """The task's turn budget: a branch that ends before it ended early (None: not known)."""
 
     @property
     def env_steps(self) -> int:
@@ -123,7 +125,7 @@ def collect_tree(
     """Roll out ``items`` through every turn of ``task`` with ``num_generations`` per branch."""
     if len(agents) != task.num_agents:
         raise ValueError(f"{len(agents)} agents for a task of {task.num_agents} agents.")
-    tree = RolloutTree(list(items), task.num_agents, num_generations)
+    tree = RolloutTree(list(items), task.num_agents, num_generations, num_turns=task.num_turns)
     joints = joint_indices(task.num_agents, num_generations, joint_mode)
     states = [task.initial_state(item, index) for item, index in items]
     slots, parents = list(range(len(items))), [-1] * len(items)

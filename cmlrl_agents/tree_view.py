@@ -139,6 +139,7 @@ def _level_nodes(
     advantages: list[Tensor],
     parent_ids: dict[int, int],
     nodes: list[TreeNode],
+    budget_left: bool,
 ) -> dict[int, int]:
     """Append the item's joint actions of ``level`` to ``nodes``; their ids by flat index."""
     ids: dict[int, int] = {}
@@ -162,7 +163,9 @@ def _level_nodes(
                     reward=float(outcome.reward),
                     turn_return=float(joint_returns[branch, j]),
                     advantages=tuple(float(advantages[a][branch, g]) for a, g in enumerate(sample)),
-                    ended_early=bool(outcome.terminated),
+                    # Every branch terminates at the last turn; before it, termination means
+                    # the reward passed early_termination_threshold.
+                    ended_early=budget_left and outcome.terminated,
                 )
             )
     return ids
@@ -202,7 +205,9 @@ def rollout_tree_view(
             group_advantages(per_agent[:, a, :], advantage_mode, advantage_normalization)
             for a in range(tree.num_agents)
         ]
-        ids = _level_nodes(level, item_slot, joint, advantages, ids, nodes)
+        last = tree.num_turns if tree.num_turns is not None else tree.levels[-1].turn
+        budget_left = level.turn < last
+        ids = _level_nodes(level, item_slot, joint, advantages, ids, nodes, budget_left)
     _, item_index = tree.items[item_slot]
     return TreeView(
         item_index=item_index,
