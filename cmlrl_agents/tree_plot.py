@@ -234,7 +234,7 @@ def write_tree_html(view: TreeView, path: str | Path) -> Path:
         f"<p>G = {view.num_generations} samples per agent and state, discount "
         f"{view.discount:g}, advantage baseline <code>{html.escape(view.advantage_mode)}</code> "
         f"({norm}), {view.num_agents} agents, {len(view.nodes)} joint actions.</p>",
-        f"<p>{html.escape(_LEGEND)}</p>",
+        "<p>" + "<br>".join(html.escape(part) for part in _LEGEND.split("    ")) + "</p>",
         '<div class="root"><h2>Turn-1 prompts</h2>',
         *_pres("prompt", view.root_prompts),
         "</div>",
