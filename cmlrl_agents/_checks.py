@@ -1,4 +1,4 @@
-"""Input checks shared by the pure tensor math (advantages, returns, losses).
+"""Input checks shared by the pure tensor math (advantages, returns, losses) and the trainers.
 
 A silently broadcast or NaN tensor trains the policy on garbage without a visible error, so every
 public math function checks its inputs and names the argument, what it got and the fix.
@@ -6,10 +6,14 @@ public math function checks its inputs and names the argument, what it got and t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import Tensor
 
-__all__ = ["check_float", "check_finite"]
+__all__ = ["check_eval_dataset", "check_float", "check_finite", "finite_metrics"]
 
 
 def check_float(
@@ -44,4 +48,46 @@ def check_finite(name: str, x: Tensor, valid: Tensor | None = None) -> None:
         raise ValueError(
             f"{name} contains NaN or inf at index {where}; fix it upstream (model outputs, "
             "rewards) instead of training on it"
+        )
+
+
+def finite_metrics(out: object, name: str) -> dict[str, float]:
+    """A user callback's metrics as ``{str: finite float}``, or an error naming the callback:
+    a NaN would otherwise land in the metric files as a bare ``NaN`` token (invalid JSON)."""
+    if not isinstance(out, Mapping):
+        raise TypeError(f"{name} must return a dict of str -> number, got {type(out).__name__}.")
+    metrics = {}
+    for key, value in out.items():
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(
+                f"{name} returned {key!r}: {value!r:.80}, which is not a number; return a dict "
+                "of str -> float."
+            ) from None
+        if not math.isfinite(number):
+            raise ValueError(
+                f"{name} returned {key!r}: {number}; metrics must be finite (guard empty "
+                "inputs, e.g. return {} when there is nothing to average)."
+            )
+        metrics[str(key)] = number
+    return metrics
+
+
+def check_eval_dataset(data: Any) -> None:
+    """An empty eval split would evaluate nothing and log empty rows; refuse it up front."""
+    if data is None:
+        return
+    from datasets import IterableDataset  # here: the tensor math importing this module needs none
+
+    if isinstance(data, IterableDataset):
+        empty = next(iter(data), None) is None  # one item read: it has no length
+    else:
+        empty = len(data) == 0
+    if empty:
+        raise ValueError(
+            "eval_dataset is empty, so evaluation would score no item; pass eval items (e.g. "
+            "the test part of train_test_split) or eval_dataset=None."
         )

@@ -15,9 +15,12 @@ minibatch for the whole team, i.e. once per round with the default ``train_batch
 ``ppo_epochs=1`` (the reference stepped it once per agent on the same data, B13).
 
 ``metrics_callback(rollouts)`` gets the round's :class:`RolloutSample` list once per round; its
-keys are merged into that round's training entry (logged at that env_step; with
-``logging_steps > 1`` averaged with the rounds in the same gap, never dropped). In evaluation it
-runs once per evaluated item and its values are averaged over items under ``eval/``.
+values are logged at once, at that round's env_step, whatever ``logging_steps`` is (SPEC §7). In
+evaluation it runs once per evaluated item and its values are averaged over items under
+``eval/``. A NaN or infinite value raises, naming the callback.
+
+With ``reference_kl_enabled`` each actor's loss gains ``reference_kl_coef`` times the k3 KL
+estimate to a frozen copy of its initial weights, as in the MAGRPO family.
 ``explained_variance`` (stable-baselines3's) is omitted from a round whose returns are all equal,
 where it is undefined (NaN would poison the averaged log entry).
 """
@@ -33,6 +36,8 @@ import numpy as np
 import torch
 from datasets import Dataset, IterableDataset
 
+from cmlrl_agents._checks import finite_metrics
+from cmlrl_agents.actor_critic_checks import check_critic_args, critic_names
 from cmlrl_agents.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
 from cmlrl_agents.actor_critic_rollouts import (
     RolloutSample,
@@ -42,7 +47,9 @@ from cmlrl_agents.actor_critic_rollouts import (
     normalized,
     value_metrics,
 )
-from cmlrl_agents.losses import policy_gradient_loss, value_loss
+from cmlrl_agents.devices import resolve_devices
+from cmlrl_agents.losses import kl_k3, policy_gradient_loss, value_loss
+from cmlrl_agents.magrpo import _frozen_copy, _kl_turn_means
 from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.rollout import RolloutTree, collect_tree
@@ -62,6 +69,10 @@ class _ActorCriticTrainer(TeamTrainer):
     config_class: type[ActorCriticConfig] = ActorCriticConfig
     centralized = False
     """True: one critic for the team over the joint transcript (MAAC)."""
+    fixed_fields = (
+        *TeamTrainer.fixed_fields,
+        *("critic_devices", "value_head_hidden_dim", "critic_type", "reference_kl_enabled"),
+    )
 
     def __init__(
         self,
@@ -94,6 +105,8 @@ class _ActorCriticTrainer(TeamTrainer):
                 f"metrics_callback must be callable(rollouts) -> dict[str, float], "
                 f"got {metrics_callback!r}."
             )
+        team = self.team_size(args, num_agents, agents, formatters, env)
+        count = check_critic_args(self, args, critic_model, critics, team)
         super().__init__(
             args=args,
             agent_model=agent_model,
@@ -109,8 +122,20 @@ class _ActorCriticTrainer(TeamTrainer):
             external_transition=external_transition,
             env=env,
             wandb_config=wandb_config,
+            extra_config={"critic_models": critic_names(critic_model, critics, count)},
         )
+        self._critic_names: list[str] = self.logger.config["critic_models"]
         self.metrics_callback = metrics_callback
+        # Copied before any value head is attached to an actor: the reference is the policy only.
+        ref_devices = resolve_devices(args.reference_devices, self.num_agents, "reference_devices")
+        self.reference_models = (
+            [
+                _frozen_copy(agent.model, None if ref_devices is None else ref_devices[i])
+                for i, agent in enumerate(self.agents)
+            ]
+            if args.reference_kl_enabled
+            else None
+        )
         self.critics: list[ValueModel]
         self.critic_encoders: list[LLMAgent]  # tokenizer (and chat template) of each critic
         self.critics, self.critic_encoders = self._build_critics(
@@ -141,25 +166,10 @@ class _ActorCriticTrainer(TeamTrainer):
         tokenizer: Any,
         model_config: Mapping[str, Any] | None,
     ) -> tuple[list[ValueModel], list[LLMAgent]]:
-        given = critic_model is not None or critics is not None
-        if self.centralized or self.args.use_separate_critic:
-            if not given:
-                raise ValueError(
-                    "MAACTrainer needs its centralised critic: pass critic_model='<name or "
-                    "folder>' or critics=[model]."
-                    if self.centralized
-                    else "use_separate_critic=True needs critic_model='<name or folder>' or "
-                    "critics=[one model per agent]; or set IACConfig(use_separate_critic=False) "
-                    "for a value head on each actor."
-                )
+        # check_critic_args has vetted the arguments before any model was loaded.
+        if critic_model is not None or critics is not None:
             count = 1 if self.centralized else self.num_agents
             return self._load_critics(critic_model, critics, count, tokenizer, model_config)
-        if given:
-            raise ValueError(
-                "use_separate_critic=False puts the value head on each actor, so "
-                "critic_model/critics would be unused; drop them or set "
-                "use_separate_critic=True."
-            )
         hidden = self.args.value_head_hidden_dim
         return (
             [ValueModel(agent.model, shared=True, head_hidden_dim=hidden) for agent in self.agents],
@@ -192,28 +202,46 @@ class _ActorCriticTrainer(TeamTrainer):
         model_config: Mapping[str, Any] | None,
     ) -> tuple[list[ValueModel], list[LLMAgent]]:
         if critic_model is not None and not isinstance(critic_model, str):
-            critics, critic_model = [critic_model] * count, None
-            if count > 1:
-                raise ValueError(
-                    f"critic_model is one model object but {count} critics are "
-                    "needed; pass critics=[one model per agent] or a model name."
-                )
-        if critics is not None and len(critics) != count:
-            raise ValueError(
-                f"critics has {len(critics)} model(s); {type(self).__name__} needs "
-                f"{count} (one per {'agent' if count > 1 else 'team'})."
-            )
+            critics, critic_model = [critic_model], None  # count is 1 (checked)
         if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != count:
             tokenizer = tokenizer[0]  # the team's tokenizers differ only per agent
+        if critic_model is not None or all(isinstance(c, str) for c in critics or ()):
+            # A critic given by name or folder reads with the tokenizer saved beside it, not the
+            # actors' (its vocabulary and chat template may differ).
+            tokenizer = None
         encoders = build_agents(
             agent_model=critic_model,
             agents=critics,
             tokenizer=tokenizer,
             num_agents=count,
             model_config=model_config,
+            devices=self._critic_devices(count),
+            devices_field="critic_devices",
         )
         hidden = self.args.value_head_hidden_dim
         return [ValueModel(e.model, head_hidden_dim=hidden) for e in encoders], encoders
+
+    def _critic_devices(self, count: int) -> list[torch.device] | None:
+        """``critic_devices``; without it, beside the agent each critic serves when the agents
+        were placed by ``agent_devices`` (else where ``model_config`` puts models)."""
+        devices = resolve_devices(self.args.critic_devices, count, "critic_devices", "critic")
+        if devices is None and self.args.agent_devices is not None:
+            devices = [self.agents[self._critic_agent(c)].device for c in range(count)]
+        return devices
+
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "critic_models": self._critic_names}
+
+    def _apply_learning_rates(self) -> None:
+        """Actors at ``agent_learning_rate``, critics (heads included) at ``critic_lr``."""
+        args = self.args
+        for optimizer in self.optimizers:
+            optimizer.param_groups[0]["lr"] = args.agent_learning_rate
+            for group in optimizer.param_groups[1:]:  # a value head on the actor
+                group["lr"] = args.critic_lr
+        for optimizer in self.critic_optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = args.critic_lr
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -236,16 +264,7 @@ class _ActorCriticTrainer(TeamTrainer):
     def _run_callback(self, samples: list[RolloutSample]) -> dict[str, float]:
         assert self.metrics_callback is not None
         out = self.metrics_callback(samples)
-        if not isinstance(out, Mapping):
-            raise TypeError(
-                f"metrics_callback must return a dict of str -> number, got {type(out).__name__}."
-            )
-        try:
-            return {str(k): float(v) for k, v in out.items()}
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"metrics_callback returned a non-numeric value in {dict(out)!r:.200}"
-            ) from exc
+        return finite_metrics(out, "metrics_callback")
 
     # -- rollouts ---------------------------------------------------------------------------------
     def _items_per_batch(self) -> int:
@@ -316,7 +335,9 @@ class _ActorCriticTrainer(TeamTrainer):
                     f"metrics_callback returned {clash}, which the trainer logs "
                     "itself; rename those keys."
                 )
-            metrics.update(extra)
+            # At rollout collection, not held back (or averaged) by the logging_steps gap.
+            self.logger.log_now(extra, self.env_step + tree.env_steps)
+        metrics.update(_kl_turn_means(metrics, self.num_agents))
         return metrics, tree.env_steps
 
     def _critic_agent(self, c: int) -> int:
@@ -386,6 +407,7 @@ class _ActorCriticTrainer(TeamTrainer):
         optimizer.zero_grad(set_to_none=True)
         size = args.forward_batch_size or len(idx)
         sums: dict[str, float] = defaultdict(float)
+        kl_by_turn: dict[int, list[float]] = defaultdict(list)
         for start in range(0, len(idx), size):
             chunk = idx[start : start + size]
             weight = len(chunk) / len(idx)
@@ -398,10 +420,19 @@ class _ActorCriticTrainer(TeamTrainer):
             total = losses["policy_loss"]
             if "value_loss" in losses:
                 total = total + args.value_loss_coef * losses["value_loss"]
+            kl = losses.pop("reference_kl", None)
+            if kl is not None:
+                total = total + args.reference_kl_coef * kl.mean()
+                for k, value in zip(chunk, kl.detach().tolist(), strict=True):
+                    kl_by_turn[samples[k].turn].append(value)
             (total * weight).backward()
             for key, value in losses.items():
                 sums[key] += float(value.detach()) * weight
         sums["grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
+        for turn, values in kl_by_turn.items():
+            mean = sum(values) / len(values)
+            sums[f"turn_{turn}/reference_kl_mean"] = mean
+            sums[f"turn_{turn}/reference_kl_penalty_mean"] = args.reference_kl_coef * mean
         return dict(sums)
 
     def _chunk_losses(
@@ -441,6 +472,12 @@ class _ActorCriticTrainer(TeamTrainer):
         }
         if values is not None:
             out["value_loss"] = self._value_loss(values, chunk)
+        if self.reference_models is not None:
+            reference = self.reference_models[self.agents.index(agent)]
+            with torch.no_grad():
+                ref_device = next(reference.parameters()).device
+                ref = sequence_logprobs(reference, batch.to(ref_device)).to(device)
+            out["reference_kl"] = kl_k3(logprobs, ref, mask)
         return out
 
     def _value_loss(self, values: torch.Tensor, rows: list[RolloutSample]) -> torch.Tensor:
@@ -507,6 +544,7 @@ class IACTrainer(_ActorCriticTrainer):
     algorithm = "iac"
     config_class = IACConfig
     centralized = False
+    fixed_fields = (*_ActorCriticTrainer.fixed_fields, "use_separate_critic")
 
 
 class MAACTrainer(_ActorCriticTrainer):

@@ -45,6 +45,13 @@ class ActorCriticConfig(SharedConfig):
     advantages are normalised over a round, which needs more than one or two samples."""
     value_head_hidden_dim: int | None = None
     """None: a linear value head; an int: a tanh MLP of that width."""
+    reference_kl_enabled: bool = False
+    """Penalise each actor's divergence from a frozen copy of its initial weights (a
+    ``reference_kl_coef`` · KL loss term, as in the MAGRPO family)."""
+    reference_kl_coef: float = 0.1
+    critic_devices: str | list[str] | None = None
+    """Where separate critics live (one per critic, or one for all; "auto" as for
+    ``agent_devices``). None: beside the agent each critic serves."""
     top_k: int | None = None
     eval_interval: int = 16
     logging_steps: int = 1
@@ -60,6 +67,9 @@ class ActorCriticConfig(SharedConfig):
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
         self._int("ppo_epochs", 1)
         self._int("value_head_hidden_dim", 1, optional=True)
+        self._bool("reference_kl_enabled")
+        self._real("reference_kl_coef", 0.0)
+        self._devices("critic_devices")
         self._check_combinations()
 
     def _check_combinations(self) -> None:

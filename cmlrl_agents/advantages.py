@@ -45,19 +45,25 @@ def group_advantages(
             ``A = (G*R - sum(R)) / (G - 1)``, needs ``G >= 2``; ``"max"``: ``A = R - max(R)``;
             ``"raw"``: ``A = R``.
         normalize_std: divide by ``std_pop(R) + eps`` (population std of the row's returns).
-            The result is NOT re-centred, so the baselines stay distinct.
-        eps: added to the std; must be > 0. A row of equal returns has std 0, so it is divided
-            by ``eps``: harmless for "mean"/"rloo"/"max" (A is 0 there) but it scales "raw"
-            advantages by ``1/eps`` — "raw" is normally used without ``normalize_std``.
+            The result is NOT re-centred, so the baselines stay distinct. Refused with "raw":
+            without a baseline a row of equal returns (std 0) would be scaled by ``1/eps``.
+        eps: added to the std; must be > 0. A row of equal returns has std 0 and advantages 0
+            for "mean"/"rloo"/"max", so dividing by ``eps`` leaves them 0.
 
     Returns:
         ``[num_groups, G]`` advantages, same dtype and device as ``returns``.
 
     Raises:
         ValueError: ``returns`` not a finite 2-D float tensor, unknown ``baseline``,
-            ``G < 2`` with ``"rloo"``, or ``eps <= 0``.
+            ``G < 2`` with ``"rloo"``, ``"raw"`` with ``normalize_std``, or ``eps <= 0``.
     """
     _check_group_inputs(returns, baseline, eps)
+    if baseline == "raw" and normalize_std:
+        raise ValueError(
+            "baseline 'raw' with normalize_std=True would divide returns that have no baseline "
+            "by their std, so equal returns (std 0) become huge advantages; pass "
+            "normalize_std=False or a baseline ('mean', 'rloo', 'max')"
+        )
     group_size = returns.shape[1]
     if baseline == "mean":
         adv = returns - returns.mean(dim=1, keepdim=True)

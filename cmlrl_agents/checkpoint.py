@@ -10,8 +10,16 @@
 
 The folder is built under a hidden temporary name and renamed into place when complete
 (`atomic_dir`), so a crash or SIGKILL mid-save never leaves a `checkpoint-<n>` that
-`latest_checkpoint` would pick, and earlier checkpoints are not touched. `.pt` files are read
-back with `torch.load(weights_only=True)`: a checkpoint cannot run code when loaded.
+`latest_checkpoint` would pick, and earlier checkpoints are not touched. Replacing a checkpoint
+of the same step (the end of `train()` saves again) renames the old folder aside first; a crash
+between that rename and the next is repaired by the next `latest_checkpoint` or save, which
+puts the old folder back.
+
+`trainer_state.json` records a SHA-256 per file. `load_checkpoint` verifies every file, its
+tensor names and shapes and its optimizer groups before it changes anything, so a damaged
+checkpoint raises `CheckpointError` naming the file and leaves the models as they were. `.pt`
+files are read back with `torch.load(weights_only=True)`: a checkpoint cannot run code when
+loaded.
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,45 +40,32 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from cmlrl_agents.checkpoint_load import (
+    _FORMAT_VERSION,
+    _STATE_FILE,
+    CheckpointError,
+    _peft_adapters,
+    _sha256,
+    load_checkpoint,
+    read_checkpoint,
+)
+from cmlrl_agents.redaction import is_secret_key, redact_secrets
+
 __all__ = [
+    "CheckpointError",
     "atomic_dir",
     "is_secret_key",
     "latest_checkpoint",
     "load_checkpoint",
+    "read_checkpoint",
     "redact_secrets",
     "save_checkpoint",
 ]
 
-_FORMAT_VERSION = 1
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-_TEMP_RE = re.compile(r"^\.checkpoint-\d+\.(?:tmp|old)-(\d+)(?:-.*)?$")
+_TEMP_RE = re.compile(r"^\.checkpoint-\d+\.(?:tmp|old|del)-(\d+)(?:-.*)?$")
+_REPLACED_RE = re.compile(r"^\.(checkpoint-\d+)\.old-(\d+)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_STATE_FILE = "trainer_state.json"
-
-# A plain substring test for "token" would also drop `max_new_tokens` and `pad_token_id`, so
-# "token" counts only as the last word of a key, and tokenizer special-token fields are exempt.
-_SECRET_PARTS = ("api_key", "apikey", "secret", "password", "passwd", "credential", "authorization")
-_TOKENIZER_FIELD = re.compile(r"^(bos|eos|pad|unk|sep|cls|mask|additional_special)_tokens?$")
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a config key looks like it holds a credential (API key, token, password)."""
-    lowered = key.lower()
-    if any(part in lowered for part in _SECRET_PARTS):
-        return True
-    if _TOKENIZER_FIELD.match(lowered):
-        return False
-    return re.split(r"[^a-z0-9]+", lowered.strip("_-. "))[-1] == "token"
-
-
-def redact_secrets(obj: Any) -> Any:
-    """A copy of `obj` without the mapping keys that `is_secret_key` flags, at any depth."""
-    if isinstance(obj, Mapping):
-        return {k: redact_secrets(v) for k, v in obj.items() if not is_secret_key(str(k))}
-    if isinstance(obj, (list, tuple)):
-        return [redact_secrets(v) for v in obj]
-    return obj
-
 
 # ---- atomic directories ---------------------------------------------------------------------
 
@@ -128,10 +122,24 @@ def _fsync_dir(folder: Path) -> None:
 
 def _remove_stale_temps(root: Path) -> None:
     """Delete temporary folders left by saves whose process died (e.g. SIGKILL mid-save)."""
+    _restore_replaced(root)
     for path in root.iterdir() if root.is_dir() else ():
         match = _TEMP_RE.match(path.name)
         if match and path.is_dir() and not _process_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _restore_replaced(root: Path) -> None:
+    """Put back a checkpoint that a dead process renamed aside to replace it (`atomic_dir`'s
+    window between its two renames): without this, a kill there with `keep_last=1` would leave
+    no complete checkpoint at all."""
+    for path in root.iterdir() if root.is_dir() else ():
+        match = _REPLACED_RE.match(path.name)
+        if not match or _process_alive(int(match.group(2))):
+            continue
+        final = root / match.group(1)
+        if not final.exists() and (path / _STATE_FILE).is_file():
+            os.replace(path, final)
 
 
 def _process_alive(pid: int) -> bool:
@@ -182,7 +190,7 @@ def save_checkpoint(
         "schedulers": sorted(schedulers),
         "trainer_state": redact_secrets(dict(trainer_state or {})),
     }
-    state_text = _to_json(manifest)  # fail on bad state before writing anything
+    _to_json(manifest)  # fail on bad state before writing anything
     _remove_stale_temps(root)
     with atomic_dir(folder) as tmp:
         for name, model in models.items():
@@ -192,7 +200,8 @@ def save_checkpoint(
         for name, scheduler in schedulers.items():
             torch.save(scheduler.state_dict(), tmp / f"sched-{name}.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
-        (tmp / _STATE_FILE).write_text(state_text, encoding="utf-8")
+        manifest["files"] = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        (tmp / _STATE_FILE).write_text(_to_json(manifest), encoding="utf-8")
     if keep_last is not None:
         _prune(root, keep_last, keep=folder)
     return folder
@@ -250,14 +259,6 @@ def _json_problem(obj: Any, where: str) -> str | None:
     return f"{where} is a {type(obj).__name__} ({str(obj)[:80]!r}), which JSON cannot store"
 
 
-def _peft_adapters(model: torch.nn.Module) -> list[str] | None:
-    # peft is only consulted when already imported: a model cannot be a PeftModel otherwise.
-    peft = sys.modules.get("peft")
-    if peft is None or not isinstance(model, peft.PeftModel):
-        return None
-    return list(model.peft_config)
-
-
 def _save_model(model: torch.nn.Module, path: Path) -> None:
     adapters = _peft_adapters(model)
     if adapters is None:
@@ -296,7 +297,7 @@ def _prune(root: Path, keep_last: int, *, keep: Path) -> None:
     for _, path in checkpoints[:-keep_last]:
         if path != keep:
             # Rename first: a crash mid-delete then leaves a hidden folder, not a broken checkpoint.
-            doomed = path.with_name(f".{path.name}.old-{os.getpid()}")
+            doomed = path.with_name(f".{path.name}.del-{os.getpid()}")
             os.replace(path, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
 
@@ -317,103 +318,6 @@ def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 def latest_checkpoint(root: str | Path) -> Path | None:
     """The complete `checkpoint-<n>` under `root` with the largest n, or None if there is none."""
+    _restore_replaced(Path(root))
     checkpoints = _complete_checkpoints(Path(root))
     return checkpoints[-1][1] if checkpoints else None
-
-
-def load_checkpoint(
-    path: str | Path,
-    *,
-    models: Mapping[str, torch.nn.Module],
-    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
-    schedulers: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Restore a `save_checkpoint` folder in place (weights, optimizers, schedulers, RNG).
-
-    The names passed must be exactly the names saved. Returns the saved `trainer_state`.
-    """
-    path = Path(path)
-    state_file = path / _STATE_FILE
-    if not state_file.is_file():
-        raise FileNotFoundError(
-            f"{str(path)!r} is not a checkpoint folder (no {_STATE_FILE}); pass a "
-            "checkpoint-<n> folder written by save_checkpoint, or latest_checkpoint(root)."
-        )
-    manifest = json.loads(state_file.read_text(encoding="utf-8"))
-    if manifest.get("format_version") != _FORMAT_VERSION:
-        raise ValueError(
-            f"{state_file} has format_version {manifest.get('format_version')!r}; this version "
-            f"of cmlrl reads format_version {_FORMAT_VERSION}."
-        )
-    optimizers, schedulers = dict(optimizers or {}), dict(schedulers or {})
-    for arg, given, saved in (
-        ("models", models, manifest["models"]),
-        ("optimizers", optimizers, manifest["optimizers"]),
-        ("schedulers", schedulers, manifest["schedulers"]),
-    ):
-        if sorted(given) != sorted(saved):
-            raise ValueError(
-                f"{arg} names {sorted(given)} do not match the names saved in {path.name}: "
-                f"{sorted(saved)}; pass the same {arg} that were saved."
-            )
-    for name, model in models.items():
-        _load_model(model, path / f"model-{name}.safetensors", name)
-    for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(_torch_load(path / f"optim-{name}.pt"))
-    for name, scheduler in schedulers.items():
-        scheduler.load_state_dict(_torch_load(path / f"sched-{name}.pt"))
-    _set_rng_state(_torch_load(path / "rng.pt"))
-    return manifest["trainer_state"]
-
-
-def _torch_load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _load_model(model: torch.nn.Module, path: Path, name: str) -> None:
-    with safetensors.safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-    adapters = _peft_adapters(model)
-    if metadata.get("cmlrl") != "peft":
-        if adapters is not None:
-            raise ValueError(
-                f"{path.name} holds full weights but models[{name!r}] is a PeftModel; load it "
-                "into the same kind of model that was saved."
-            )
-        safetensors.torch.load_model(model, str(path), strict=True)
-        return
-    if adapters is None:
-        raise ValueError(
-            f"{path.name} holds PEFT adapter weights but models[{name!r}] is a "
-            f"{type(model).__name__}; wrap the base model with the same peft config first."
-        )
-    from peft import set_peft_model_state_dict
-
-    tensors = safetensors.torch.load_file(str(path))
-    for adapter in json.loads(metadata["adapters"]):
-        if adapter not in adapters:
-            raise ValueError(
-                f"{path.name} has adapter {adapter!r}, models[{name!r}] has only {adapters}; "
-                "add the adapter before loading."
-            )
-        prefix = f"{adapter}/"
-        sub = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        result = set_peft_model_state_dict(model, sub, adapter_name=adapter)
-        if result.unexpected_keys:
-            raise ValueError(
-                f"{path.name}: adapter {adapter!r} has weights the model lacks: "
-                f"{result.unexpected_keys[:5]}; use the same peft config as when saving."
-            )
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    random.setstate(state["python"])
-    np_state = state["numpy"]
-    key = np.asarray(np_state["state"]["key"], dtype=np.uint32)
-    np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
-    torch.set_rng_state(state["torch"])
-    # A checkpoint from a GPU machine resumed on CPU keeps what it can; the reverse has no
-    # CUDA streams to restore.
-    if "cuda" in state and torch.cuda.is_available():
-        for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, device)

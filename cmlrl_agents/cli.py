@@ -42,6 +42,7 @@ from cmlrl_agents.cli_tasks import (
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.logging import WANDB_CONFIG_KEYS
 from cmlrl_agents.plotting import plot_metrics, plot_run
+from cmlrl_agents.runs import foreign_checkpoints
 from cmlrl_agents.team import MODEL_CONFIG_KEYS
 
 __all__ = ["ALGORITHMS", "BUILTIN_MODELS", "MODEL_KEYS", "Plan", "build_trainer", "main", "plan"]
@@ -231,8 +232,7 @@ def _add_to_path(folder: Path) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
         p = plan(_read(args))
-        if args.resume == "latest":
-            _latest(p.config)
+        _check_run_folder(p.config, args.resume)  # before any model is loaded
         trainer = build_trainer(p)
     model_dir = None if args.no_save_model else trainer.run_dir / "model"
     try:
@@ -303,6 +303,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(json.dumps(metrics, indent=2, sort_keys=True))
     print(f"eval metrics: {trainer.run_dir / 'eval-metrics.json'}")
     return 0
+
+
+def _check_run_folder(config: SharedConfig, resume: str | None) -> None:
+    """``--resume`` names a checkpoint that exists; a fresh run does not land in another's."""
+    if resume == "latest":
+        _latest(config)
+    elif resume is not None:
+        if not (Path(resume) / "trainer_state.json").is_file():
+            raise CLIError(
+                f"--resume {resume!r}: no checkpoint there (a checkpoint-<n> folder holds "
+                "trainer_state.json); give a checkpoint folder or 'latest'."
+            )
+    elif config.output_dir is not None and not config.overwrite_output_dir:
+        found = foreign_checkpoints(Path(config.output_dir) / "checkpoints", run_id="")
+        if found:
+            raise CLIError(
+                f"{config.output_dir} holds checkpoints of an earlier run ({found[-1].name}); "
+                "continue it with --resume latest, replace it with --set "
+                "config.overwrite_output_dir=true, or choose another config.output_dir."
+            )
 
 
 def _latest(config: SharedConfig) -> Path:

@@ -60,7 +60,19 @@ class CLIError(Exception):
 
 # PyYAML follows YAML 1.1, where `1e-5` (no dot) is a string; learning rates are written so.
 class _Loader(yaml.SafeLoader):
-    pass
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # PyYAML keeps the last of two equal keys without a word; a run file that sets
+        # agent_learning_rate twice has a mistake in it, so it is refused.
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.YAMLError(
+                    f"the key {key!r} is given twice (lines {seen[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}); keep one"
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

@@ -12,13 +12,23 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from torch import device as torch_device
+
 __all__ = ["ValidatedConfig", "SharedConfig"]
+
+MAX_SEED = 2**32 - 1
+"""numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
 
 
 class ValidatedConfig:
-    """Mixin: ``validate()`` runs after ``__init__`` and on each assignment (undone on error)."""
+    """Mixin: ``validate()`` runs after ``__init__`` and on each assignment (undone on error).
+
+    A trainer marks the fields it reads only once, at construction, with :meth:`fix_fields`;
+    assigning a new value to one then raises instead of passing validation and doing nothing.
+    """
 
     _ready = False
+    _fixed: dict[str, str] = {}  # noqa: RUF012 - replaced per instance by fix_fields
 
     def __post_init__(self) -> None:
         self.validate()
@@ -34,6 +44,12 @@ class ValidatedConfig:
                 f"{sorted(f.name for f in fields(self))}."  # type: ignore[arg-type]
             )
         old = getattr(self, name)
+        if name in self._fixed and value != old:
+            raise AttributeError(
+                f"args.{name} cannot change after {self._fixed[name]} was built (it is used "
+                f"once, at construction, with {name}={old!r}); build a new trainer with "
+                f"{type(self).__name__}(..., {name}={value!r})."
+            )
         object.__setattr__(self, name, value)
         try:
             self.validate()
@@ -43,6 +59,17 @@ class ValidatedConfig:
 
     def validate(self) -> None:
         raise NotImplementedError
+
+    def fix_fields(self, names: tuple[str, ...], owner: str) -> None:
+        """Refuse later changes to ``names``: ``owner`` (a trainer) read them once."""
+        fixed = {**self._fixed, **dict.fromkeys(names, owner)}
+        object.__setattr__(self, "_fixed", fixed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (copy.deepcopy, pickle) is a new config for a new trainer: nothing fixed yet.
+        state = dict(self.__dict__)
+        state.pop("_fixed", None)
+        return state
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -71,6 +98,10 @@ class ValidatedConfig:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise TypeError(f"{name} must be a number, got {value!r}.")
+        if math.isinf(value):
+            # An infinite rate, temperature or coefficient turns every update into NaN.
+            hint = " (None turns it off)" if optional else ""
+            raise ValueError(f"{name} must be finite, got {value}{hint}.")
         if low is not None and (value <= low if low_open else value < low):
             op = ">" if low_open else ">="
             raise ValueError(f"{name} must be {op} {low}, got {value}.")
@@ -81,6 +112,28 @@ class ValidatedConfig:
         value = getattr(self, name)
         if value not in choices:
             raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+
+    def _devices(self, name: str) -> None:
+        """None, one device string (or "auto") for every model, or a list of device strings."""
+        value = getattr(self, name)
+        if value is None or value == "auto":
+            return
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not items:
+            raise TypeError(
+                f"{name} must be a device string ('cpu', 'cuda:0', 'auto') or a non-empty list "
+                f"of them (one per model, or one for all), got {value!r}."
+            )
+        for item in items:
+            if not isinstance(item, str):
+                raise TypeError(f"{name} entries must be device strings, got {item!r}.")
+            try:
+                torch_device(item)
+            except (RuntimeError, ValueError):
+                raise ValueError(
+                    f"{name} has {item!r}, which is not a device; use e.g. 'cpu', 'cuda:0' or "
+                    "'mps' ('auto' only as the whole value)."
+                ) from None
 
     def _bool(self, name: str) -> None:
         value = getattr(self, name)
@@ -97,7 +150,7 @@ class SharedConfig(ValidatedConfig):
     num_turns: int = 1
     """Turns per episode; >1 needs ``external_transition``."""
     num_train_epochs: int = 1
-    """Passes over the training task items."""
+    """Passes over the training task items (>= 1; to only evaluate, call ``evaluate()``)."""
     agent_learning_rate: float = 5e-6
     """AdamW learning rate of every agent."""
     max_new_tokens: int = 128
@@ -125,7 +178,9 @@ class SharedConfig(ValidatedConfig):
     seed: int | None = None
     """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
     output_dir: str | None = None
-    """Local metrics, config, plots and checkpoints (None: ``runs/<algorithm>-<time>``)."""
+    """Local metrics, config, plots and checkpoints.
+
+    None: ``runs/<algorithm>-<date>-<time>-<run id>``, a new folder per trainer."""
     rollout_buffer_size: int = 2
     """Task items rolled out together (one batched generate per agent and turn) per update."""
     train_batch_size: int | None = None
@@ -142,11 +197,23 @@ class SharedConfig(ValidatedConfig):
     """Checkpoint every ``save_steps`` training task items and at the end (0: only on request)."""
     save_total_limit: int | None = None
     """Keep the newest ``save_total_limit`` checkpoints (None: keep all)."""
+    overwrite_output_dir: bool = False
+    """Let a fresh ``train()`` start in an ``output_dir`` that holds another run's checkpoints
+    (they are deleted). False: such a folder is refused unless ``train()`` resumes from it."""
+    agent_devices: str | list[str] | None = None
+    """Where each agent lives: one device for all ("cuda:0", "cpu"), one per agent
+    (["cuda:0", "cuda:1"]), or "auto" (agent i on cuda:i when there are enough GPUs, else all on
+    cuda:0; cpu without CUDA). None: where the model already is (or ``model_config["device"]``)."""
+    reference_devices: str | list[str] | None = None
+    """Where the frozen reference copies live when the reference KL is on (None: beside their
+    agent). Same forms as ``agent_devices``."""
+    parallel_training: str | None = None
+    """comlrl's switch; only None or "none" (see validate() for why "mp" is refused)."""
 
     def validate(self) -> None:
         self._int("num_agents", 1, optional=True)
         self._int("num_turns", 1)
-        self._int("num_train_epochs", 0)
+        self._int("num_train_epochs", 1)
         self._real("agent_learning_rate", 0.0, low_open=True)
         self._int("max_new_tokens", 1)
         self._real("temperature", 0.0, low_open=True)
@@ -166,8 +233,17 @@ class SharedConfig(ValidatedConfig):
         self._int("logging_steps", 1)
         self._real("max_grad_norm", 0.0, low_open=True, optional=True)
         self._int("seed", 0, optional=True)
+        if self.seed is not None and self.seed > MAX_SEED:
+            raise ValueError(
+                f"seed must be <= {MAX_SEED} (numpy's seed range, 2**32 - 1), got {self.seed}."
+            )
         if self.output_dir is not None and not isinstance(self.output_dir, str):
             raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ValueError(
+                f"output_dir={self.output_dir!r} is empty; give a folder path, or None for "
+                "runs/<algorithm>-<time>."
+            )
         self._int("rollout_buffer_size", 1)
         self._int("train_batch_size", 1, optional=True)
         self._int("forward_batch_size", 1, optional=True)
@@ -181,6 +257,17 @@ class SharedConfig(ValidatedConfig):
             self._bool("verbose")
         self._int("save_steps", 0)
         self._int("save_total_limit", 1, optional=True)
+        self._bool("overwrite_output_dir")
+        self._devices("agent_devices")
+        self._devices("reference_devices")
+        if self.parallel_training not in (None, "none"):
+            raise ValueError(
+                f"parallel_training={self.parallel_training!r} (comlrl's threaded model "
+                "parallelism) is not needed here: place each agent with agent_devices=['cuda:0', "
+                "'cuda:1', ...] and each agent's generate and update run on its own device; "
+                "throughput comes from batching (rollout_buffer_size items per batched generate, "
+                "forward_batch_size for scoring). Leave parallel_training unset."
+            )
 
     @property
     def items_per_step(self) -> int:

@@ -84,7 +84,8 @@ def _check_wandb_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"wandb_config has unknown key(s) {unknown}; valid keys are {list(WANDB_CONFIG_KEYS)}."
         )
-    cfg = dict(config)
+    # A credential pasted into a name or a tag would reach W&B's servers as it is.
+    cfg = {k: v if k == "config_sections" else redact_secrets(v) for k, v in config.items()}
     name, run_name = cfg.pop("name", None), cfg.pop("run_name", None)
     if name is not None and run_name is not None and name != run_name:
         raise ValueError(
@@ -185,6 +186,7 @@ class MetricsLogger:
         wandb_config: Mapping[str, Any] | None = None,
         run_config: Mapping[str, Any] | None = None,
         verbose: bool | None = None,
+        write_config: bool = True,
     ) -> None:
         if (
             isinstance(logging_steps, bool)
@@ -215,10 +217,20 @@ class MetricsLogger:
         self._run: Any = None
         self._wandb_run_id: str | None = None
         self._closed = False
+        self._config_written = False
         if self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            if write_config:
+                self.write_config()
+
+    def write_config(self) -> None:
+        """Write `config.json` (done in `__init__` unless `write_config=False`, and at the first
+        emission at the latest): a trainer in a folder of another run holds it back until it
+        knows whether it resumes that run or replaces it."""
+        if self.output_dir is not None:
             text = json.dumps(self.config, indent=2, sort_keys=True)
             _atomic_write_text(self.output_dir / "config.json", text + "\n")
+        self._config_written = True
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -233,6 +245,12 @@ class MetricsLogger:
         self._pending.append((step, values))
         if step - self.last_logged_step >= self.logging_steps:
             self._emit_pending()
+
+    def log_now(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Emit ``metrics`` at once at ``step``, outside the ``logging_steps`` gap (IAC/MAAC's
+        ``metrics_callback`` values, logged at rollout collection: SPEC §7)."""
+        values = _check_metrics(metrics, "log_now")
+        self._emit(self._advance(step, "log_now"), values)
 
     def log_eval(self, metrics: Mapping[str, Any], step: int) -> None:
         """Emit evaluation metrics at once and write `eval-metrics.json` (with `env_step`)."""
@@ -349,6 +367,8 @@ class MetricsLogger:
 
     def _start_files(self) -> None:
         assert self.output_dir is not None
+        if not self._config_written:
+            self.write_config()
         old = [self.output_dir / n for n in ("metrics.jsonl", "metrics.csv")]
         if any(p.exists() for p in old):
             n = 1

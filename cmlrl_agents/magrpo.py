@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from datasets import Dataset, IterableDataset
 
+from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.advantages import group_advantages
+from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.losses import kl_k3, policy_gradient_loss
 from cmlrl_agents.magrpo_config import (
     MAGRPOConfig,
@@ -101,6 +103,7 @@ class MAGRPOTrainer(TeamTrainer):
 
     algorithm = "magrpo"
     config_class: type[MAGRPOConfig] = MAGRPOConfig
+    fixed_fields = (*TeamTrainer.fixed_fields, "reference_kl_enabled")
 
     def __init__(
         self,
@@ -155,8 +158,12 @@ class MAGRPOTrainer(TeamTrainer):
             )
             for i, agent in enumerate(self.agents)
         ]
+        devices = resolve_devices(args.reference_devices, self.num_agents, "reference_devices")
         self.reference_models = (
-            [_frozen_copy(agent.model) for agent in self.agents]
+            [
+                _frozen_copy(agent.model, None if devices is None else devices[i])
+                for i, agent in enumerate(self.agents)
+            ]
             if args.reference_kl_enabled
             else None
         )
@@ -187,7 +194,9 @@ class MAGRPOTrainer(TeamTrainer):
             batch_items=items,
             prompts=[item.get("prompt") for item in items],
         )
-        return dict(self.eval_aggregator(rows, num_turns=self.args.num_turns))
+        return finite_metrics(
+            self.eval_aggregator(rows, num_turns=self.args.num_turns), "eval_aggregator"
+        )
 
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
@@ -288,16 +297,21 @@ class MAGRPOTrainer(TeamTrainer):
         loss = policy_gradient_loss(logprobs, mask, advantages, args.loss_aggregation) * weight
         if self.reference_models is None:
             return loss, None
+        reference = self.reference_models[a]
         with torch.no_grad():
-            ref = sequence_logprobs(self.reference_models[a], batch)
+            ref_device = next(reference.parameters()).device
+            ref = sequence_logprobs(reference, batch.to(ref_device)).to(agent.device)
         kl = kl_k3(logprobs, ref, mask)
         # TRL-style: the KL to the frozen reference is a loss term (no extra policy forward).
         loss = loss + args.reference_kl_coef * kl.mean() * (len(chunk) / num_samples)
         return loss, kl.detach()
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+def _frozen_copy(model: torch.nn.Module, device: torch.device | None) -> torch.nn.Module:
+    # Copied where the model is, then moved device to device (never through the CPU).
     ref = copy.deepcopy(model).eval()
+    if device is not None:
+        ref.to(device)
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref

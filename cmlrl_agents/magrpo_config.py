@@ -35,7 +35,8 @@ class MAGRPOConfig(SharedConfig):
     advantage_mode: str = "mean"
     """Baseline over the G siblings: mean, rloo (leave-one-out), max, or raw (none)."""
     advantage_normalization: bool = True
-    """Divide advantages by the siblings' return std (no re-centring)."""
+    """Divide advantages by the siblings' return std (no re-centring); refused with
+    ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
     loss_aggregation: str = "sequence_sum"
     """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
     rollout_buffer_size: int = 4
@@ -61,11 +62,20 @@ class MAGRPOConfig(SharedConfig):
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
         self._int("tree_plot_interval", 0)
+        if self.advantage_mode == "raw" and self.advantage_normalization:
+            raise ValueError(
+                "advantage_mode='raw' with advantage_normalization=True: raw returns have no "
+                "baseline, so dividing them by their siblings' std amplifies equal returns "
+                "(std 0: a reward of 0.7 becomes an advantage of 7e5). Set "
+                "advantage_normalization=False (as MAREINFORCEConfig does) or use a baseline "
+                "(advantage_mode='mean', 'rloo' or 'max')."
+            )
         if self.num_generations < 2 and self.advantage_mode != "raw":
             raise ValueError(
                 f"num_generations={self.num_generations} with advantage_mode="
                 f"{self.advantage_mode!r}: a group baseline needs at least 2 samples per state; "
-                "use num_generations >= 2 or advantage_mode='raw'."
+                "use num_generations >= 2, or advantage_mode='raw' with "
+                "advantage_normalization=False (plain REINFORCE, MAREINFORCEConfig)."
             )
 
 

@@ -26,6 +26,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cmlrl_agents.model_setup import (
+    ChatFormat,
+    check_local_model_path,
+    check_vocabulary,
+    fp32_master_weights,
+    only_our_generation_settings,
+)
 from cmlrl_agents.tokens import (
     build_batch,
     completion_lists,
@@ -50,7 +57,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How ``generate`` samples.
+    """How ``generate`` samples: these fields and nothing else (the checkpoint's own
+    ``generation_config`` is not applied).
 
     ``temperature``, ``top_p`` and ``top_k`` other than 1.0 / 1.0 / None sample from a reshaped
     distribution, not from the policy that :meth:`LLMAgent.logprobs` scores; the defaults sample
@@ -86,8 +94,9 @@ class SamplingConfig:
             )
 
     def generate_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``model.generate``; every field is explicit so the model's own
-        ``generation_config`` defaults cannot silently change the sampling."""
+        """Keyword arguments for ``model.generate``. :class:`LLMAgent` sets the checkpoint's own
+        ``generation_config`` aside during the call, so these are the only sampling settings
+        (no ``repetition_penalty``, ``suppress_tokens``, ... from the model's files)."""
         lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
         if not self.do_sample:
             return {**lengths, "do_sample": False, "num_beams": 1}
@@ -134,6 +143,11 @@ class LLMAgent:
             ``False`` tokenizes prompts as plain text.
         system_prompt: a system turn put before each prompt (needs the chat template).
         device: where to move the model; ``None`` keeps it where it is.
+
+    The template and any system turn it adds are logged once (``cmlrl_agents.policy`` logger).
+    A prompt that already carries the template (a formatter that called
+    ``apply_chat_template``) is tokenized as it is, never wrapped a second time. Trainable
+    fp16/bf16 weights are cast to float32 (see :mod:`cmlrl_agents.model_setup`).
     """
 
     def __init__(
@@ -158,9 +172,15 @@ class LLMAgent:
                 "tokenizes plain text; use a tokenizer with a chat template or put the text in "
                 "the prompts"
             )
+        check_vocabulary(model, tokenizer)
         self.model = model if device is None else model.to(device)
+        self.loaded_dtype = fp32_master_weights(self.model)
+        """The fp16/bf16 dtype the trainable weights were cast to float32 from (None: none)."""
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.chat_format = ChatFormat(tokenizer, system_prompt) if self.use_chat_template else None
+        if self.chat_format is not None:
+            self.chat_format.log_once()
         tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
         eos = _token_id_set(tokenizer_eos)
         generation_config = getattr(model, "generation_config", None)
@@ -194,8 +214,9 @@ class LLMAgent:
             )
         if not prompts:
             raise ValueError("prompts is empty; pass at least one prompt")
-        if self.use_chat_template:
-            texts = [self._render_chat(p) for p in prompts]
+        if self.chat_format is not None:
+            fmt = self.chat_format
+            texts = [p if fmt.is_templated(p) else self._render_chat(p) for p in prompts]
             # The template already holds any BOS/EOS it wants; do not add them twice.
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         else:
@@ -256,7 +277,7 @@ class LLMAgent:
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling; PEFT multi-adapter batches require it
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), only_our_generation_settings(self.model):
                 generated = self.model.generate(
                     input_ids=input_ids.to(device),
                     attention_mask=attention_mask.to(device),
@@ -308,6 +329,8 @@ class LLMAgent:
         path = Path(name_or_path)
         if gguf_file is None and path.suffix == ".gguf" and path.is_file():
             path, gguf_file = path.parent, path.name
+        if not gguf_file:
+            check_local_model_path(name_or_path)
         source = str(convert_gguf(path, gguf_file, cache_dir) if gguf_file else name_or_path)
         kwargs = dict(model_kwargs or {})
         if dtype is not None:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from cmlrl_agents._checks import check_finite, check_float
 
-__all__ = ["cross_credit", "discounted_returns", "gae", "tree_returns"]
+__all__ = ["cross_credit", "discounted_returns", "ended_chain_returns", "gae", "tree_returns"]
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -42,13 +42,25 @@ def _check_prefix_mask(mask: object, shape: torch.Size) -> Tensor:
     return mask
 
 
-def tree_returns(rewards: list[Tensor], parents: list[Tensor], discount: float) -> list[Tensor]:
+def tree_returns(
+    rewards: list[Tensor],
+    parents: list[Tensor],
+    discount: float,
+    turns_left: list[Tensor] | None = None,
+) -> list[Tensor]:
     """Returns of every joint action in a rollout tree, level by level.
 
     Level ``t`` holds the ``n_t`` joint actions taken at turn ``t + 1``. A joint action's return is
     its reward plus the discounted MEAN return of its children (the joint actions sampled from
-    the state it led to); a joint action without children (episode ended) keeps its reward:
-    ``R_t[j] = r_t[j] + discount * mean(R_{t+1}[children of j])``.
+    the state it led to): ``R_t[j] = r_t[j] + discount * mean(R_{t+1}[children of j])``.
+
+    A joint action that ended its branch EARLY (its reward passed the early-termination
+    threshold) has ``m = turns_left[t][j] > 0`` unplayed turns. Its sibling that missed the target
+    collects rewards for those turns, so giving the ended one its reward alone would credit
+    success below failure. The ended branch is an absorbing success state instead: it keeps its
+    reward for each unplayed turn, ``R_t[j] = r_t[j] * (1 + discount + ... + discount**m)``, so
+    siblings are compared on the same horizon. A childless joint action with ``m = 0`` (the last
+    turn) keeps its reward.
 
     Args:
         rewards: ``T`` 1-D float tensors; ``rewards[t]`` has shape ``[n_t]``.
@@ -56,6 +68,9 @@ def tree_returns(rewards: list[Tensor], parents: list[Tensor], discount: float) 
             and ``parents[t][k]`` is the index in level ``t - 1`` of the joint action that led to
             ``k``. ``parents[0]`` is ignored (pass an empty tensor).
         discount: in ``[0, 1]``. Honoured (the reference ignored it: bug B8).
+        turns_left: ``None`` (no branch ended early) or ``T`` long tensors shaped like
+            ``rewards``: the turns each joint action's branch did not play because it ended
+            early (0 for joint actions that have children or were on the last turn).
 
     Returns:
         ``T`` tensors; entry ``t`` has shape ``[n_t]``. One level gives the rewards (flat case).
@@ -86,14 +101,71 @@ def tree_returns(rewards: list[Tensor], parents: list[Tensor], discount: float) 
                 f"{int(p.min())}..{int(p.max())}"
             )
 
-    out: list[Tensor] = [rewards[-1].clone()]
+    held = _held_rewards(rewards, turns_left, discount)
+    out: list[Tensor] = [rewards[-1] + held[-1]]
     for t in range(len(rewards) - 2, -1, -1):
         child_returns, idx = out[0], parents[t + 1]
         sums = torch.zeros_like(rewards[t]).index_add_(0, idx, child_returns)
         counts = torch.zeros_like(rewards[t]).index_add_(0, idx, torch.ones_like(child_returns))
+        if bool(((counts > 0) & (held[t] != 0)).any()):
+            raise ValueError(
+                f"turns_left[{t}] is > 0 for a joint action that has children; only a branch "
+                "that ended early has unplayed turns"
+            )
         # Childless nodes have sums == 0, so clamping the count keeps them at their own reward.
-        out.insert(0, rewards[t] + discount * sums / counts.clamp(min=1))
+        out.insert(0, rewards[t] + held[t] + discount * sums / counts.clamp(min=1))
     return out
+
+
+def ended_chain_returns(
+    rewards: list[float], num_turns: int, threshold: float | None, discount: float
+) -> list[float]:
+    """Returns of one fully played chain of turns as training's early termination scores it.
+
+    Training ends a branch at the first turn ``t < num_turns`` whose reward exceeds
+    ``threshold``; that turn then holds its reward for the unplayed turns (:func:`tree_returns`).
+    Returns one value per turn the branch would have played (``len <= len(rewards)``).
+    """
+    played = len(rewards)
+    if threshold is not None:
+        for t, r in enumerate(rewards[: num_turns - 1]):
+            if r > threshold:
+                played = t + 1
+                break
+    kept = [torch.tensor([float(r)]) for r in rewards[:played]]
+    parents = [torch.zeros(1, dtype=torch.long) for _ in kept]
+    left = [torch.zeros(1, dtype=torch.long) for _ in kept]
+    left[-1][0] = num_turns - played if played < len(rewards) else 0
+    return [float(r) for r in tree_returns(kept, parents, discount, left)]
+
+
+def _held_rewards(
+    rewards: list[Tensor], turns_left: list[Tensor] | None, discount: float
+) -> list[Tensor]:
+    """Per level, what an early-ended branch earns by keeping its reward for its unplayed turns:
+    ``r * (discount + discount**2 + ... + discount**m)``; 0 where ``m == 0``."""
+    if turns_left is None:
+        return [torch.zeros_like(r) for r in rewards]
+    if len(turns_left) != len(rewards):
+        raise ValueError(
+            f"turns_left must have one entry per level like rewards ({len(rewards)}), got "
+            f"{len(turns_left)}"
+        )
+    held = []
+    for t, (r, m) in enumerate(zip(rewards, turns_left, strict=True)):
+        if not isinstance(m, Tensor) or m.dtype != torch.long or m.shape != r.shape:
+            got = f"{m.dtype} {tuple(m.shape)}" if isinstance(m, Tensor) else type(m).__name__
+            raise ValueError(
+                f"turns_left[{t}] must be a long tensor of shape {tuple(r.shape)}, got {got}"
+            )
+        if m.numel() and int(m.min()) < 0:
+            raise ValueError(f"turns_left[{t}] must be >= 0, got {m.tolist()}")
+        top = int(m.max()) if m.numel() else 0
+        # factor[k] = discount + ... + discount**k (factor[0] = 0), looked up per joint action.
+        powers = torch.full((top,), float(discount), dtype=r.dtype) ** torch.arange(1, top + 1)
+        factor = torch.cat([torch.zeros(1, dtype=r.dtype), powers.cumsum(0)])
+        held.append(r * factor[m])
+    return held
 
 
 def cross_credit(joint_returns: Tensor, num_agents: int, group_size: int) -> Tensor:

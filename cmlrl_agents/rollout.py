@@ -76,9 +76,9 @@ class RolloutTree:
     items: list[tuple[Mapping[str, Any], int | None]]
     num_agents: int
     num_generations: int
+    num_turns: int
+    """The task's turns: a branch that ended early did not play ``num_turns - turn`` of them."""
     levels: list[Level] = field(default_factory=list)
-    num_turns: int | None = None
-    """The task's turn budget: a branch that ends before it ended early (None: not known)."""
 
     @property
     def env_steps(self) -> int:
@@ -86,13 +86,25 @@ class RolloutTree:
         return sum(level.num_joint_actions for level in self.levels)
 
     def returns(self, discount: float) -> list[Tensor]:
-        """Per level ``[branches, J]``: reward + discount × mean of the children's returns."""
+        """Per level ``[branches, J]``: reward + discount × mean of the children's returns; a
+        branch that ended early keeps its reward for its unplayed turns (see ``tree_returns``)."""
         rewards = [level.rewards.reshape(-1) for level in self.levels]
         parents = [torch.tensor([-1])]
         for level in self.levels[1:]:
             joints = len(level.joints)
             parents.append(torch.tensor(level.parent).repeat_interleave(joints))
-        flat = tree_returns(rewards, parents, discount)
+        turns_left = [
+            torch.tensor(
+                [
+                    self.num_turns - level.turn if o.terminated else 0
+                    for row in level.outcomes
+                    for o in row
+                ],
+                dtype=torch.long,
+            )
+            for level in self.levels
+        ]
+        flat = tree_returns(rewards, parents, discount, turns_left)
         return [
             r.reshape(len(level.states), len(level.joints))
             for r, level in zip(flat, self.levels, strict=True)
@@ -125,13 +137,14 @@ def collect_tree(
     """Roll out ``items`` through every turn of ``task`` with ``num_generations`` per branch."""
     if len(agents) != task.num_agents:
         raise ValueError(f"{len(agents)} agents for a task of {task.num_agents} agents.")
-    tree = RolloutTree(list(items), task.num_agents, num_generations, num_turns=task.num_turns)
+    tree = RolloutTree(list(items), task.num_agents, num_generations, task.num_turns)
     joints = joint_indices(task.num_agents, num_generations, joint_mode)
     states = [task.initial_state(item, index) for item, index in items]
     slots, parents = list(range(len(items))), [-1] * len(items)
     for turn in range(1, task.num_turns + 1):
         if not states:
             break
+        _check_encodable(states, turn)
         completions = [
             agent.generate([s.prompts[a] for s in states], num_generations, sampling)
             for a, agent in enumerate(agents)
@@ -140,6 +153,24 @@ def collect_tree(
         tree.levels.append(Level(turn, states, slots, parents, completions, joints, outcomes))
         states, slots, parents = _children(outcomes, slots, len(joints))
     return tree
+
+
+def _check_encodable(states: list[EpisodeState], turn: int) -> None:
+    """Refuse a prompt that has no UTF-8 form (a lone surrogate from a formatter or transition)
+    before a tokenizer meets it with a bare ``UnicodeEncodeError``."""
+    for state in states:
+        for a, prompt in enumerate(state.prompts):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                where = "item" if state.item_index is None else f"item {state.item_index}"
+                raise ValueError(
+                    f"the turn-{turn} prompt of agent_{a} for {where} holds "
+                    f"{prompt[exc.start : exc.end]!r} at character {exc.start}, which no "
+                    f"tokenizer can encode (a lone surrogate, not text): {prompt!r:.80}. Fix "
+                    "the formatter or external_transition that built it, e.g. "
+                    "text.encode('utf-8', 'replace').decode()."
+                ) from None
 
 
 def _step_items(

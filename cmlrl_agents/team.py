@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from cmlrl_agents.policy import LLMAgent
 
 __all__ = ["MODEL_CONFIG_KEYS", "resolve_num_agents", "build_agents"]
@@ -72,9 +74,17 @@ def build_agents(
     tokenizer: Any = None,
     num_agents: int,
     model_config: Mapping[str, Any] | None = None,
+    devices: Sequence[torch.device] | None = None,
+    devices_field: str = "agent_devices",
 ) -> list[LLMAgent]:
-    """One ``LLMAgent`` per agent from ``agent_model`` (a str) or ``agents`` (models or agents)."""
+    """One ``LLMAgent`` per agent from ``agent_model`` (a str) or ``agents`` (models or agents),
+    model i on ``devices[i]`` when given (see :mod:`cmlrl_agents.devices`)."""
     config = _check_model_config(model_config)
+    if devices is not None and config.get("device") is not None:
+        raise ValueError(
+            f"model_config['device']={config['device']!r} and args.{devices_field} both place "
+            f"the models; keep one (args.{devices_field} can also give one device per model)."
+        )
     if agent_model is not None and agents is not None:
         raise ValueError(
             "pass agent_model (one model name for every agent) or agents (one per agent), not both."
@@ -94,24 +104,40 @@ def build_agents(
     else:
         specs = list(agents)  # type: ignore[arg-type]
     return [
-        _build_one(spec, _tokenizer_for(tokenizer, i, len(specs)), config, i)
+        _build_one(
+            spec,
+            _tokenizer_for(tokenizer, i, len(specs)),
+            config,
+            i,
+            None if devices is None else devices[i],
+        )
         for i, spec in enumerate(specs)
     ]
 
 
-def _build_one(spec: Any, tokenizer: Any, config: dict[str, Any], index: int) -> LLMAgent:
+def _build_one(
+    spec: Any, tokenizer: Any, config: dict[str, Any], index: int, device: Any
+) -> LLMAgent:
     if isinstance(spec, LLMAgent):
+        if device is not None:
+            spec.model.to(device)  # in place: the agent keeps its model object
         return spec
+    device = config.get("device") if device is None else device
     if isinstance(spec, str):
+        model_kwargs = dict(config.get("model_kwargs") or {})
+        if device is not None and torch.device(device).type != "cpu":
+            # Loaded straight onto the device, never materialised on the CPU first.
+            model_kwargs.setdefault("device_map", {"": str(device)})
+            device = None
         return LLMAgent.from_pretrained(
             spec,
             tokenizer=tokenizer,
             gguf_file=config.get("gguf_file"),
             dtype=config.get("dtype"),
-            device=config.get("device"),
+            device=device,
             chat_template=config.get("chat_template"),
             system_prompt=config.get("system_prompt"),
-            model_kwargs=config.get("model_kwargs"),
+            model_kwargs=model_kwargs or None,
             cache_dir=config.get("cache_dir"),
         )
     if tokenizer is None:
@@ -124,5 +150,5 @@ def _build_one(spec: Any, tokenizer: Any, config: dict[str, Any], index: int) ->
         tokenizer,
         chat_template=config.get("chat_template"),
         system_prompt=config.get("system_prompt"),
-        device=config.get("device"),
+        device=device,
     )

@@ -7,8 +7,8 @@ evaluation of SPEC §5, the metric names of SPEC §7, checkpoints) lives here on
 
 from __future__ import annotations
 
+import copy
 import random
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,13 +17,17 @@ import numpy as np
 import torch
 from datasets import Dataset, IterableDataset
 
-from cmlrl_agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
+from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
+from cmlrl_agents.returns import ended_chain_returns
 from cmlrl_agents.rollout import RolloutTree, collect_tree
+from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.team import build_agents, resolve_num_agents
+from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv
 from cmlrl_env.core import Task
 from cmlrl_env.dataset import stream_pass
@@ -44,10 +48,16 @@ def turn_metrics(
     return metrics
 
 
-class TeamTrainer:
+class TeamTrainer(RunMixin):
     """Base of every trainer: see the module docstring."""
 
     algorithm = "base"
+    fixed_fields: tuple[str, ...] = (
+        *("num_agents", "num_turns", "early_termination_threshold", "output_dir"),
+        *("agent_devices", "reference_devices"),
+    )
+    """Config fields read once, at construction: assigning a new value raises (see
+    ``ValidatedConfig.fix_fields``)."""
 
     def __init__(
         self,
@@ -66,72 +76,128 @@ class TeamTrainer:
         external_transition: Callable[..., Any] | None = None,
         env: CoMLRLEnv | None = None,
         wandb_config: Mapping[str, Any] | None = None,
+        extra_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.args = args
-        n = resolve_num_agents(
-            num_agents=num_agents,
-            **{"args.num_agents": args.num_agents},
-            agents=None if agents is None else len(agents),
-            formatters=len(formatters) if isinstance(formatters, (list, tuple)) else None,
-            env=None if env is None else env.task.num_agents,
-        )
+        n = self.team_size(args, num_agents, agents, formatters, env)
         self.num_agents = n
+        devices = resolve_devices(args.agent_devices, n, "agent_devices")
+        _check_reference_devices(args, n)
         if env is not None:
             given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
             self._check_env(env, *given)
+            task: Task | None = env.task
         else:
-            env = self._build_env(
-                train_dataset, formatters, reward_func, reward_processor, external_transition, n
-            )
-        self.env = env
-        self.task: Task = env.task
+            env, task = self._build_env(
+                train_dataset, eval_dataset, formatters, reward_func, reward_processor,
+                external_transition, n,
+            )  # fmt: skip
+        self.env: CoMLRLEnv | None = env
+        """None without ``train_dataset``: the trainer can evaluate and save, not train."""
+        self.task: Task | None = task
         self.agents: list[LLMAgent] = build_agents(
             agent_model=agent_model,
             agents=agents,
             tokenizer=tokenizer,
             num_agents=n,
             model_config=model_config,
+            devices=devices,
         )
+        check_eval_dataset(eval_dataset)
+        self.model_names = [model_name(agent_model or spec) for spec in self.agents]
         self.eval_dataset = eval_dataset
         self.env_step = 0
         self.items_seen = 0
         self.epoch = 0
         self.epoch_position = 0
-        self.run_dir = Path(
-            args.output_dir or f"runs/{self.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
-        self.logger = MetricsLogger(
+        self.run_id = new_run_id()
+        self.run_dir = Path(args.output_dir or default_run_dir(self.algorithm, self.run_id))
+        self.logger = self._make_logger(wandb_config, extra_config)
+
+    def _make_logger(
+        self, wandb_config: Mapping[str, Any] | None, extra_config: Mapping[str, Any] | None
+    ) -> MetricsLogger:
+        run_config = {
+            "algorithm": self.algorithm,
+            "num_agents": self.num_agents,
+            "models": self.model_names,
+            **dict(extra_config or {}),
+            **self.args.to_dict(),
+        }
+        return MetricsLogger(
             self.run_dir,
-            logging_steps=args.logging_steps,
+            logging_steps=self.args.logging_steps,
             wandb_config=None if wandb_config is None else dict(wandb_config),
-            run_config={"algorithm": self.algorithm, "num_agents": n, **args.to_dict()},
-            verbose=args.verbose,
+            run_config=run_config,
+            verbose=self.args.verbose,
+            # Another run's config.json stays until train() knows: resume it, or replace it.
+            write_config=not foreign_checkpoints(self.checkpoint_root, self.run_id),
         )
+
+    @staticmethod
+    def team_size(
+        args: SharedConfig, num_agents: int | None, agents: Any, formatters: Any, env: Any
+    ) -> int:
+        """The team size every given source agrees on (a pure check, before any loading)."""
+        return resolve_num_agents(
+            num_agents=num_agents,
+            **{"args.num_agents": args.num_agents},
+            agents=None if agents is None else len(agents),
+            formatters=len(formatters) if isinstance(formatters, (list, tuple)) else None,
+            env=None if env is None else env.task.num_agents,
+        )
+
+    @property
+    def args(self) -> SharedConfig:
+        """The config; the fields in ``fixed_fields`` cannot change after construction."""
+        return self._args
+
+    @args.setter
+    def args(self, value: SharedConfig) -> None:
+        if "_args" in self.__dict__:
+            if type(value) is not type(self._args):
+                raise TypeError(
+                    f"trainer.args must stay a {type(self._args).__name__}, got "
+                    f"{type(value).__name__}."
+                )
+            for name in self.fixed_fields:
+                if getattr(value, name) != getattr(self._args, name):
+                    raise AttributeError(
+                        f"the new args change {name} ({getattr(self._args, name)!r} -> "
+                        f"{getattr(value, name)!r}), which {type(self).__name__} reads only at "
+                        "construction; build a new trainer with that config."
+                    )
+        value.fix_fields(self.fixed_fields, type(self).__name__)
+        self._args = value
 
     # -- construction helpers ---------------------------------------------------------------
     def _build_env(
         self,
         dataset: Any,
+        eval_dataset: Any,
         formatters: Any,
         reward_func: Any,
         processor: Any,
         transition: Any,
         num_agents: int,
-    ) -> CoMLRLEnv:
-        if dataset is None:
-            raise ValueError("train_dataset is required (or pass env=CoMLRLEnv(...)).")
+    ) -> tuple[CoMLRLEnv | None, Task | None]:
+        """The env over ``train_dataset``; without one, the task alone (evaluation and saving
+        need no training data, as in comlrl); without a reward either, nothing (saving only)."""
         if reward_func is None:
-            raise ValueError("reward_func is required (or pass env=CoMLRLEnv(...)).")
-        return CoMLRLEnv(
-            dataset,
-            formatters,
-            reward_func,
-            num_agents=num_agents,
-            num_turns=self.args.num_turns,
-            external_transition=transition,
-            reward_processor=processor,
-            early_termination_threshold=self.args.early_termination_threshold,
-        )
+            if dataset is not None or eval_dataset is not None:
+                raise ValueError("reward_func is required (or pass env=CoMLRLEnv(...)).")
+            return None, None
+        settings = {
+            "num_agents": num_agents,
+            "num_turns": self.args.num_turns,
+            "external_transition": transition,
+            "reward_processor": processor,
+            "early_termination_threshold": self.args.early_termination_threshold,
+        }
+        if dataset is None:
+            return None, Task(formatters, reward_func, **settings)
+        env = CoMLRLEnv(dataset, formatters, reward_func, **settings)
+        return env, env.task
 
     def _check_env(self, env: CoMLRLEnv, *given: Any) -> None:
         if any(g is not None for g in given):
@@ -166,12 +232,32 @@ class TeamTrainer:
         )
 
     # -- the loop -----------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: str | Path | None = None) -> dict[str, float]:
-        """Train for ``args.num_train_epochs`` passes over the training items."""
+    def train(
+        self, resume_from_checkpoint: str | Path | bool | None = None, **unsupported: Any
+    ) -> dict[str, float]:
+        """Train for ``args.num_train_epochs`` passes over the training items.
+
+        ``resume_from_checkpoint``: a checkpoint folder, ``"latest"`` (or ``True``) for the
+        newest under ``output_dir/checkpoints``; None starts fresh, which is refused in a folder
+        holding another run's checkpoints unless ``args.overwrite_output_dir``.
+        """
+        if unsupported:  # comlrl scripts pass checkpoint_dir=... or generate kwargs here
+            raise train_kwargs_error(unsupported)
+        resume = resume_target(resume_from_checkpoint)
+        if self.env is None:
+            raise ValueError(
+                f"{type(self).__name__} was built without train_dataset, so train() has no "
+                "items to train on (it can evaluate and save_model). Build it with "
+                "train_dataset=... and reward_func=... to train."
+            )
         if self.args.seed is not None:
             _seed_everything(self.args.seed)
-        if resume_from_checkpoint is not None:
-            self.load_checkpoint(resume_from_checkpoint)
+        if resume is None:
+            self._start_fresh()
+        else:
+            self.load_checkpoint(resume)
+        self.logger.write_config()
+        self._apply_learning_rates()
         progress = ProgressBar(
             self._total_items(), verbose=self.logger.verbose, desc=self.algorithm
         )
@@ -185,6 +271,7 @@ class TeamTrainer:
                 self.env_step += steps
                 self.items_seen += len(items)
                 self.epoch_position += len(items)
+                self.logger.logging_steps = self.args.logging_steps  # may change mid-run
                 self.logger.log_train(last, self.env_step)
                 progress.update(len(items), postfix=_reward_postfix(last))
                 self._maybe_checkpoint(len(items))
@@ -209,6 +296,7 @@ class TeamTrainer:
         return 1
 
     def _dataset(self) -> Dataset | IterableDataset:
+        assert self.env is not None, "train() checks for a train_dataset first"
         return self.env.source.dataset
 
     def _total_items(self) -> int | None:
@@ -237,8 +325,19 @@ class TeamTrainer:
         return bool(interval) and position % interval == 0
 
     # -- evaluation ---------------------------------------------------------------------------
+    def _eval_task(self) -> Task:
+        """The task with early termination off: evaluation plays every turn, so custom eval
+        metrics always see ``[agent][item][turn]`` for each turn; the standard metrics still
+        score each item as training's early termination would (``_tree_eval_values``)."""
+        if self.task.early_termination_threshold is None:
+            return self.task
+        task = copy.copy(self.task)
+        task.early_termination_threshold = None
+        return task
+
     def evaluate_items(self, num_eval_samples: int) -> dict[str, float]:
-        """One response per agent per turn on the first ``num_eval_samples`` eval items."""
+        """One response per agent per turn (every turn) on the first ``num_eval_samples`` eval
+        items."""
         if self.eval_dataset is None:
             return {}
         if (
@@ -252,13 +351,11 @@ class TeamTrainer:
                 self.eval_dataset, 0, limit=num_eval_samples, name="eval_dataset", pass_number=None
             )
         )
-        trees = []
+        trees, task = [], self._eval_task()
         for i in range(0, len(items), self.args.eval_batch_size):
             chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
             trees.append(
-                collect_tree(
-                    self.task, self.agents, chunk, num_generations=1, sampling=self.sampling
-                )
+                collect_tree(task, self.agents, chunk, num_generations=1, sampling=self.sampling)
             )
         metrics = self._eval_metrics(trees)
         metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})
@@ -277,81 +374,38 @@ class TeamTrainer:
         return {}
 
     def _tree_eval_values(self, tree: RolloutTree) -> dict[str, list[float]]:
+        """Per turn, over the items training's early termination keeps open (as in training,
+        so train and eval agree: the reference's B5): ``reward_mean``, ``expected_return``
+        (an ended item holds its reward); over every played item: ``reward_mean_all``; and the
+        share of items still open, ``open_fraction``."""
+        chains: dict[int, list[float]] = {}
+        for level in tree.levels:  # one sample per turn: branch b is one item's chain
+            for slot, row in zip(level.item_slot, level.outcomes, strict=True):
+                chains.setdefault(slot, []).append(row[0].reward)
         values: dict[str, list[float]] = {}
-        for level, ret in zip(tree.levels, tree.returns(self.args.discount), strict=True):
-            values[f"turn_{level.turn}/reward_mean"] = level.rewards.reshape(-1).tolist()
-            values[f"turn_{level.turn}/expected_return"] = ret.reshape(-1).tolist()
+        threshold, turns = self.task.early_termination_threshold, self.task.num_turns
+        can_end = threshold is not None and turns > 1
+        for chain in chains.values():
+            returns = ended_chain_returns(chain, turns, threshold, self.args.discount)
+            for t, reward in enumerate(chain):
+                key = f"turn_{t + 1}/"
+                if can_end:
+                    values.setdefault(key + "reward_mean_all", []).append(reward)
+                    values.setdefault(key + "open_fraction", []).append(float(t < len(returns)))
+                if t < len(returns):
+                    values.setdefault(key + "reward_mean", []).append(reward)
+                    values.setdefault(key + "expected_return", []).append(returns[t])
         return values
 
-    # -- saving -------------------------------------------------------------------------------
-    def save_model(self, output_dir: str | Path) -> None:
-        """One ``from_pretrained``-loadable folder per agent: ``output_dir/agent_i``."""
-        for i, agent in enumerate(self.agents):
-            folder = Path(output_dir) / f"agent_{i}"
-            agent.model.save_pretrained(folder)
-            agent.tokenizer.save_pretrained(folder)
 
-    def _maybe_checkpoint(self, added: int) -> None:
-        every = self.args.save_steps
-        if every and self.items_seen // every != (self.items_seen - added) // every:
-            self.save_checkpoint()
-
-    def _checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
-        """The trainable models and their optimizers, by name (a trainer may add critics)."""
-        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
-        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
-        return models, optimizers
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
-
-    def save_checkpoint(self) -> Path:
-        """``run_dir/checkpoints/checkpoint-<items seen>``: weights, optimizers, RNG, position and
-        metric history, written atomically; the newest ``save_total_limit`` are kept.
-
-        Frozen reference models are not saved: they are the initial weights, which the trainer
-        that resumes is built from again.
-        """
-        models, optimizers = self._checkpoint_parts()
-        state = {
-            "algorithm": self.algorithm,
-            "epoch": self.epoch,
-            "epoch_position": self.epoch_position,
-            "items_seen": self.items_seen,
-            "env_step": self.env_step,
-            "logger": self.logger.state_dict(),
-            "config": self.args.to_dict(),
-        }
-        return save_checkpoint(
-            self.checkpoint_root,
-            self.items_seen,
-            models=models,
-            optimizers=optimizers,
-            trainer_state=state,
-            keep_last=self.args.save_total_limit,
+def _check_reference_devices(args: SharedConfig, num_agents: int) -> None:
+    if args.reference_devices is not None and not args.to_dict().get("reference_kl_enabled"):
+        raise ValueError(
+            f"reference_devices={args.reference_devices!r} places the frozen reference "
+            "models, which exist only with reference_kl_enabled=True; set that or drop "
+            "reference_devices."
         )
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore a checkpoint folder, or ``"latest"`` under this run's ``checkpoints/``."""
-        if str(path) == "latest":
-            found = latest_checkpoint(self.checkpoint_root)
-            if found is None:
-                raise FileNotFoundError(
-                    f"resume_from_checkpoint='latest' but {self.checkpoint_root} holds no "
-                    "complete checkpoint; set args.output_dir to the run to resume, or pass a "
-                    "checkpoint folder."
-                )
-            path = found
-        models, optimizers = self._checkpoint_parts()
-        state = load_checkpoint(path, models=models, optimizers=optimizers)
-        if state["algorithm"] != self.algorithm:
-            raise ValueError(
-                f"{path} was written by the {state['algorithm']} trainer, not {self.algorithm}."
-            )
-        self.epoch, self.epoch_position = state["epoch"], state["epoch_position"]
-        self.items_seen, self.env_step = state["items_seen"], state["env_step"]
-        self.logger.load_state_dict(state["logger"])
+    resolve_devices(args.reference_devices, num_agents, "reference_devices")  # before loading
 
 
 def _enumerate_items(

@@ -205,8 +205,7 @@ def rollout_tree_view(
             group_advantages(per_agent[:, a, :], advantage_mode, advantage_normalization)
             for a in range(tree.num_agents)
         ]
-        last = tree.num_turns if tree.num_turns is not None else tree.levels[-1].turn
-        budget_left = level.turn < last
+        budget_left = level.turn < tree.num_turns
         ids = _level_nodes(level, item_slot, joint, advantages, ids, nodes, budget_left)
     _, item_index = tree.items[item_slot]
     return TreeView(

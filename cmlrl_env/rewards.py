@@ -116,26 +116,46 @@ class RewardFunction:
                     f"reward_func {self.name} returned {value!r:.80} ({type(value).__name__}) at "
                     f"position {j} for {where}; every reward must be a real number."
                 )
-            if not math.isfinite(value):
+            try:
+                number = float(value)
+            except (OverflowError, ValueError) as exc:  # 10**400, an exotic Real subclass
+                raise ValueError(
+                    f"reward_func {self.name} returned {value!r:.80} at position {j} for "
+                    f"{where}, which is not convertible to a float ({exc}); return finite "
+                    "floats."
+                ) from None
+            if not math.isfinite(number):
                 raise ValueError(
                     f"reward_func {self.name} returned {value} at position {j} for {where}; "
                     "rewards must be finite (no NaN or inf)."
                 )
-            rewards.append(float(value))
+            rewards.append(number)
         return rewards
 
 
 def apply_processor(processor: RewardProcessor, rewards: list[float], name: str) -> list[float]:
     processed = []
-    for value in rewards:
+    for j, value in enumerate(rewards):
         out = processor(value)
-        if isinstance(out, bool) or not isinstance(out, numbers.Real) or not math.isfinite(out):
+        number = _finite_float(out)
+        if number is None:
             raise ValueError(
-                f"reward_processor {name} turned reward {value} into {out!r}; it must return a "
-                "finite real number."
+                f"reward_processor {name} turned reward {value} into {out!r:.80}; it must "
+                f"return a finite real number (reward at position {j})."
             )
-        processed.append(float(out))
+        processed.append(number)
     return processed
+
+
+def _finite_float(value: object) -> float | None:
+    """``value`` as a finite float, or None when it is not a real number or does not fit."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 class _Processor:
@@ -160,17 +180,26 @@ class RewardProcessors:
         return _Processor("identity()", lambda r: r)
 
     @staticmethod
-    def scale(factor: float) -> RewardProcessor:
+    def scale(factor: float = 1.0) -> RewardProcessor:
+        """``r * factor`` (default 1.0: unchanged, as in the reference)."""
         _check_real("factor", factor)
         return _Processor(f"scale(factor={factor})", lambda r: r * factor)
 
     @staticmethod
-    def shift(value: float) -> RewardProcessor:
+    def shift(value: float = 0.0) -> RewardProcessor:
+        """``r + value`` (default 0.0: unchanged, as in the reference)."""
         _check_real("value", value)
         return _Processor(f"shift(value={value})", lambda r: r + value)
 
     @staticmethod
     def clip(low: float = -math.inf, high: float = math.inf) -> RewardProcessor:
+        """``min(max(r, low), high)``; an infinite bound is no bound."""
+        for bound, value in (("low", low), ("high", high)):
+            if _finite_float(value) is None and value not in (math.inf, -math.inf):
+                raise ValueError(
+                    f"clip's {bound} must be a real number (math.inf for no bound), got "
+                    f"{value!r:.80}."
+                )
         if low > high:
             raise ValueError(f"clip needs low <= high, got low={low}, high={high}.")
         return _Processor(f"clip(low={low}, high={high})", lambda r: min(max(r, low), high))
@@ -191,5 +220,5 @@ class RewardProcessors:
 
 
 def _check_real(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}.")
+    if _finite_float(value) is None:
+        raise ValueError(f"{name} must be a finite real number, got {value!r:.80}.")

@@ -127,6 +127,7 @@ def check_task(
     """
     if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
         raise ValueError(f"num_items must be an int >= 1, got {num_items!r}.")
+    _check_sample_shape(sample_completions)
     rec = _Recorder()
     task = rec.attempt(
         "binding the task",
@@ -159,6 +160,26 @@ def _first_items(dataset: Any, num_items: int) -> list[tuple[int, dict[str, Any]
             break
         items.append((index, item))
     return items
+
+
+def _check_sample_shape(samples: object) -> None:
+    """``sample_completions`` is None, a list of str, or a list of lists of str (checked before
+    anything else runs, so a wrong argument never surfaces as a foreign error)."""
+    if samples is None:
+        return
+    if isinstance(samples, str) or not isinstance(samples, Sequence) or not samples:
+        raise TypeError(
+            f"sample_completions must be a non-empty list of str, or one list per "
+            f"agent; got {samples!r:.80}."
+        )
+    for i, entry in enumerate(samples):
+        if isinstance(entry, str):
+            continue
+        if not isinstance(entry, Sequence) or not all(isinstance(t, str) for t in entry):
+            raise TypeError(
+                f"sample_completions[{i}] is {entry!r:.60}; each entry must be a str (a "
+                "completion) or a list of str (one agent's completions)."
+            )
 
 
 def _joint_actions(

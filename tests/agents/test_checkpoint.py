@@ -354,4 +354,4 @@ def test_bad_arguments_get_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         load_checkpoint(tmp_path, models={"m": model})
     manifest = json.loads((path / "trainer_state.json").read_text())
-    assert manifest["format_version"] == 1 and manifest["models"] == {"m": "full"}
+    assert manifest["format_version"] == 2 and manifest["models"] == {"m": "full"}

@@ -109,6 +109,11 @@ def test_single_agent_update_is_grpo(tmp_path):
         output_dir=str(tmp_path / "run"),
     )
     trainer = MAGRPOTrainer(agents=[agent], reward_func=reward, train_dataset=data, args=args)
+    # Sampling draws from the global RNG: without a seed the completions depend on the tests
+    # that ran before, and for some draws (torch seeds 3, 6, 7, 8, 10, also on main) an Adam
+    # step at lr 1e-2 on a near-zero lm_head gradient turns float noise between the batched
+    # and the one-by-one forward into a visible weight difference.
+    torch.manual_seed(0)
     recorded = {}
     original = trainer._update_agent
 
@@ -319,7 +324,8 @@ def test_config_rejects_unknown_fields_and_cross_field_rules():
         config.eval_samples = 3
     with pytest.raises(ValueError, match="train_batch_size=8 is larger than rollout_buffer_size=4"):
         MAGRPOConfig(train_batch_size=8)
-    assert MAGRPOConfig(num_generations=1, advantage_mode="raw").num_generations == 1
+    config = MAGRPOConfig(num_generations=1, advantage_mode="raw", advantage_normalization=False)
+    assert config.num_generations == 1
 
 
 @pytest.fixture

@@ -95,15 +95,17 @@ def test_three_turn_tree_with_early_termination_by_hand():
     assert tree.env_steps == 6
     outcomes = tree.levels[0].outcomes[0]
     assert [o.terminated for o in outcomes] == [True, False]
-    # discount 1: turn 2 "1/0": 0.5 + (0.2 + 0.4)/2 = 0.8; turn 1 "1": 0.3 + (0.8 + 0.95)/2
+    # An ended branch keeps its reward for each unplayed turn: "0" 1.0 * 3, "1/1" 0.95 * 2.
+    # discount 1: turn 2 "1/0": 0.5 + (0.2 + 0.4)/2 = 0.8; turn 1 "1": 0.3 + (0.8 + 1.9)/2
     r1, r2, r3 = tree.returns(1.0)
     torch.testing.assert_close(r3, torch.tensor([[0.2, 0.4]]))
-    torch.testing.assert_close(r2, torch.tensor([[0.8, 0.95]]))
-    torch.testing.assert_close(r1, torch.tensor([[1.0, 1.175]]))
-    # discount 0.5: turn 2: 0.5 + 0.5 * 0.3 = 0.65; turn 1: 0.3 + 0.5 * (0.65 + 0.95)/2 = 0.7
+    torch.testing.assert_close(r2, torch.tensor([[0.8, 1.9]]))
+    torch.testing.assert_close(r1, torch.tensor([[3.0, 1.65]]))
+    # discount 0.5: "1/1": 0.95 * 1.5 = 1.425; "1/0": 0.5 + 0.5 * 0.3 = 0.65;
+    # "1": 0.3 + 0.5 * (0.65 + 1.425)/2 = 0.81875; "0": 1.0 * (1 + 0.5 + 0.25) = 1.75
     r1, r2, _ = tree.returns(0.5)
-    torch.testing.assert_close(r2, torch.tensor([[0.65, 0.95]]))
-    torch.testing.assert_close(r1, torch.tensor([[1.0, 0.7]]))
+    torch.testing.assert_close(r2, torch.tensor([[0.65, 1.425]]))
+    torch.testing.assert_close(r1, torch.tensor([[1.75, 0.81875]]))
 
 
 def test_cross_mode_credits_the_mean_over_joint_actions():
@@ -140,7 +142,9 @@ def test_joint_indices():
 
 
 def test_one_turn_tree_equals_flat():
-    """A 2-turn task whose every branch ends after turn 1 trains exactly like 1 turn."""
+    """A 2-turn task whose every branch ends after turn 1 trains like 1 turn: each ended branch
+    keeps its reward for the unplayed turn (returns are ``(1 + discount)`` times the rewards), so
+    std-normalised advantages are exactly the flat ones."""
     table = {"0": 0.5, "1": 0.1, "2": 0.7}
     flat = Task(None, table_reward(table, []), num_agents=2)
     ended = Task(
@@ -157,10 +161,14 @@ def test_one_turn_tree_equals_flat():
         )
         for t in (flat, ended)
     ]
-    for tree in trees:
-        torch.testing.assert_close(tree.returns(0.9)[0], tree.levels[0].rewards)
-    samples = [agent_samples(t, 1, t.agent_returns(t.returns(0.9)), "rloo", False) for t in trees]
-    assert samples[0] == samples[1]
+    torch.testing.assert_close(trees[0].returns(0.9)[0], trees[0].levels[0].rewards)
+    torch.testing.assert_close(trees[1].returns(0.9)[0], 1.9 * trees[1].levels[0].rewards)
+    samples = [agent_samples(t, 1, t.agent_returns(t.returns(0.9)), "rloo", True) for t in trees]
+    assert [s.item_slot for s in samples[0]] == [s.item_slot for s in samples[1]]
+    torch.testing.assert_close(
+        torch.tensor([s.advantage for s in samples[1]]),
+        torch.tensor([s.advantage for s in samples[0]]),
+    )
 
 
 def test_reinforce_family_advantages_differ_on_the_same_rewards():
