@@ -29,7 +29,8 @@ MAX_PNG_LEAVES = 512
 
 _LEGEND = (
     "a0 [n]: agent 0's completion, n characters    r: reward    "
-    "R: return = r + discount × mean R of the children    "
+    "R: return = r + discount × mean R of the children (an ended branch: its r again for "
+    "each unplayed turn)    "
     "A: each agent's advantage over its G siblings    red border: the branch ended early"
 )
 
@@ -196,7 +197,9 @@ def _draw_png(
         y=1 - 0.1 / height,
         va="top",
     )
-    figure.text(0.01, 0.1 / height, _LEGEND, fontsize=7, color="0.3")
+    parts = _LEGEND.split("    ")
+    legend = "    ".join(parts[:3]) + "\n" + "    ".join(parts[3:])
+    figure.text(0.01, 0.06 / height, legend, fontsize=7, color="0.3")
     with warnings.catch_warnings():
         # A glyph the monospace font lacks shows as a box; the HTML has the exact text.
         warnings.filterwarnings("ignore", "Glyph .* missing from font", UserWarning)

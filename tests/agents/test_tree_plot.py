@@ -76,8 +76,9 @@ def two_turn_tree(joint_mode: str = "aligned"):
 
 def test_view_numbers_by_hand():
     # "A<0>" reaches 0.95 > 0.9 and ends early; "A<1>" (0.1) goes on to 0.2 and 0.6.
-    # discount 0.5: R("A<1>") = 0.1 + 0.5 * (0.2 + 0.6) / 2 = 0.3; R("A<0>") = 0.95.
-    # Mean baseline, no std scaling: turn 1: 0.95 - 0.625 = +0.325, 0.3 - 0.625 = -0.325;
+    # discount 0.5: R("A<1>") = 0.1 + 0.5 * (0.2 + 0.6) / 2 = 0.3; the ended branch keeps its
+    # reward for its unplayed turn: R("A<0>") = 0.95 + 0.5 * 0.95 = 1.425.
+    # Mean baseline, no std scaling: turn 1: 1.425 - 0.8625 = +0.5625, 0.3 - 0.8625 = -0.5625;
     # turn 2: 0.2 - 0.4 = -0.2, 0.6 - 0.4 = +0.2 (aligned: both agents get the same).
     tree = two_turn_tree()
     view = rollout_tree_view(
@@ -89,12 +90,12 @@ def test_view_numbers_by_hand():
         for n in view.nodes
     ]
     assert got == [
-        (0, None, 1, "A<0> & co", 0.95, pytest.approx(0.95), True),
+        (0, None, 1, "A<0> & co", 0.95, pytest.approx(1.425), True),
         (1, None, 1, "A<1> & co", 0.1, pytest.approx(0.3), False),
         (2, 1, 2, "A<1> & co|A0", 0.2, pytest.approx(0.2), False),
         (3, 1, 2, "A<1> & co|A1", 0.6, pytest.approx(0.6), False),
     ]
-    expected = [0.325, -0.325, -0.2, 0.2]
+    expected = [0.5625, -0.5625, -0.2, 0.2]
     for node, adv in zip(view.nodes, expected, strict=True):
         assert node.advantages == (pytest.approx(adv), pytest.approx(adv))
     assert view.nodes[2].prompts == ("A<1> & co", "A<1> & co")
