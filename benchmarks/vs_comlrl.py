@@ -80,15 +80,25 @@ REFERENCE_RUN = COMMON + textwrap.dedent("""
 
 
 def reference_python(venv_dir: Path) -> str:
-    """A virtualenv that sees this machine's torch/transformers and adds ``comlrl`` alone."""
+    """A throwaway virtualenv with its own ``torch==2.13.0`` and ``comlrl``.
+
+    It does not borrow this interpreter's site-packages: when this project itself runs in a
+    virtualenv, "system" site-packages are the base interpreter's and hold no torch. The shared
+    libraries are pinned to the versions installed here, so both sides run the same kernels.
+    """
+    from importlib.metadata import version
+
     python = venv_dir / "bin" / "python"
     if not python.exists():
-        venv.create(venv_dir, system_site_packages=True, with_pip=True)
-    check = subprocess.run([str(python), "-c", "import comlrl"], capture_output=True)
+        venv.create(venv_dir, with_pip=True)
+    check = subprocess.run([str(python), "-c", "import comlrl, torch"], capture_output=True)
     if check.returncode != 0:
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--no-deps", REFERENCE], check=True
-        )
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        # torch first, from the same (CPU) build: a bare requirement would pull a CUDA build.
+        subprocess.run([*pip, f"torch=={version('torch')}"], check=True)
+        shared = ["transformers", "peft", "datasets", "gymnasium", "pettingzoo", "numpy"]
+        pins = [f"{name}=={version(name)}" for name in shared]
+        subprocess.run([*pip, REFERENCE, *pins, f"torch=={version('torch')}"], check=True)
     return str(python)
 
 
