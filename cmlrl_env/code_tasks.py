@@ -51,6 +51,7 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 HUMANEVAL_EVAL_START = 133
+FEEDBACK_CODE_CHARS = 4000
 FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
 
 
@@ -216,7 +217,10 @@ def _summary(score: CodeScore) -> str:
 
 
 def _fenced(code: str) -> str:
-    return f"```python\n{code.strip() or '# (no code)'}\n```"
+    code = code.strip() or "# (no code)"
+    if len(code) > FEEDBACK_CODE_CHARS:  # keep later prompts bounded whatever the model wrote
+        code = code[:FEEDBACK_CODE_CHARS] + "\n# ... (cut)"
+    return f"```python\n{code}\n```"
 
 
 def code_feedback(
@@ -233,10 +237,11 @@ def code_feedback(
         helper, main = split_single_program(extract_code(agent_completions[0]))
     else:
         raise ValueError(f"code_feedback serves 1 or 2 agents (helper, main), got {num_agents}.")
-    if problem is None:
-        problem = CodeProblem("custom", prompt, "", "")
-    score = score_batch(problem, [helper], [main])[0]
-    report = _summary(score)
+    if problem is None:  # not a HumanEval prompt: no tests to run, say so
+        problem = CodeProblem("custom", prompt, "main", "")
+        report = "No tests are known for this problem; check your code against the task."
+    else:
+        report = _summary(score_batch(problem, [helper], [main])[0])
     if num_agents == 1:
         code = _fenced(extract_code(agent_completions[0]))
         return [
