@@ -92,7 +92,10 @@ def test_levels_of_hand_written_answers() -> None:
     answers = [
         ("no code at all", "nothing"),  # neither function: 0
         ("nothing", CALLING_MAIN),  # only the main: 0.6
-        (helper, "def has_close_elements(numbers, threshold):\n    return aux(numbers)\nreturn 3"),  # 1.0
+        (
+            helper,
+            "def has_close_elements(numbers, threshold):\n    return aux(numbers)\nreturn 3",
+        ),  # 1.0
         (AUX_TRUE, CALLING_MAIN),  # always True: asserts 1, 3, 5, 6 of 7 pass
         (helper, own_main),  # correct but never calls aux
         (helper, bare_call),  # calls aux, ignores its result

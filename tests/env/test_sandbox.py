@@ -140,7 +140,7 @@ def test_unbounded_allocation_ends_in_memory_error(results) -> None:
     assert r.status == "error" and "MemoryError" in r.reason
 
 
-@pytest.mark.skipif(network_isolation() != "ok", reason=f"no network namespace here")
+@pytest.mark.skipif(network_isolation() != "ok", reason="no network namespace here")
 def test_a_socket_cannot_reach_the_host(results) -> None:
     r = results["socket"]
     assert r.status == "ok" and r.stdout.startswith("no network")
