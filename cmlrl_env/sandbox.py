@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["SandboxLimits", "RunResult", "network_isolation", "run_program", "run_programs"]
@@ -333,8 +333,3 @@ def run_programs(
         return [run_program(s, limits) for s in sources]
     with ThreadPoolExecutor(workers, thread_name_prefix="cmlrl-sandbox") as pool:
         return list(pool.map(functools.partial(run_program, limits=limits), sources))
-
-
-def limits_dict(limits: SandboxLimits) -> dict[str, object]:
-    """The limits as a plain dict (for logs and run configs)."""
-    return asdict(limits)
