@@ -27,26 +27,24 @@ RUNS: dict[str, tuple[str, dict[str, object]]] = {
         "humaneval.yaml",
         {
             "config.num_turns": 1,
-            "config.max_new_tokens": 128,
-            "task.max_train_items": 4,
-            "task.max_eval_items": 4,
-            "config.num_generations": 2,
-            "config.rollout_buffer_size": 2,
+            "config.max_new_tokens": 96,
+            "task.max_train_items": 2,
+            "task.max_eval_items": 2,
+            "config.eval_num_samples": 2,
         },
     ),
     "HumanEval, 1 model for both roles (centralized)": (
         "humaneval_centralized.yaml",
         {
-            "config.max_new_tokens": 192,
-            "task.max_train_items": 4,
-            "task.max_eval_items": 4,
-            "config.num_generations": 2,
-            "config.rollout_buffer_size": 2,
+            "config.max_new_tokens": 160,
+            "task.max_train_items": 2,
+            "task.max_eval_items": 2,
+            "config.eval_num_samples": 2,
         },
     ),
     "Writing, 2 agents (MAGRPO)": (
         "writing.yaml",
-        {"config.max_new_tokens": 64, "config.num_generations": 2, "config.rollout_buffer_size": 3},
+        {"config.max_new_tokens": 48, "task.max_train_items": 3, "config.rollout_buffer_size": 3},
     ),
 }
 

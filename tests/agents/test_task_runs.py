@@ -11,7 +11,12 @@ from cmlrl_agents.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
-RUN_FILES = ["humaneval.yaml", "humaneval_centralized.yaml", "writing.yaml"]
+RUN_FILES = [
+    "humaneval.yaml",
+    "humaneval_centralized.yaml",
+    "humaneval_single.yaml",
+    "writing.yaml",
+]
 
 
 @pytest.mark.parametrize("run_file", RUN_FILES)
@@ -26,6 +31,7 @@ def test_check_passes_on_each_run_file(run_file, capsys) -> None:
     [
         ("humaneval.yaml", ["eval/turn_1/pass@1", "eval/turn_2/level/tests"]),
         ("humaneval_centralized.yaml", ["eval/turn_1/pass@1", "eval/parse_rate"]),
+        ("humaneval_single.yaml", ["eval/turn_1/pass@1", "eval/turn_1/level/calls_aux"]),
         ("writing.yaml", ["eval/turn_1/reward_mean"]),
     ],
 )
