@@ -30,6 +30,13 @@ EXPANSION = (
 )  # with SUMMARY: every writing level at its optimum (3.0)
 
 
+def test_the_trainer_is_a_top_level_name() -> None:
+    import cmlrl_agents
+
+    assert cmlrl_agents.CentralizedMAGRPOTrainer is CentralizedMAGRPOTrainer
+    assert "CentralizedMAGRPOConfig" in cmlrl_agents.__all__
+
+
 def test_joint_prompt_and_split_roles() -> None:
     prompt = joint_prompt(["Summarise.", "Expand."])
     assert prompt.startswith("You write the answers of 2 roles.")
