@@ -2,6 +2,7 @@
 
 from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from cmlrl_agents.magrpo import (
     MAGRPOTrainer,
     MAREINFORCETrainer,
@@ -21,6 +22,8 @@ from cmlrl_agents.tree_view import TreeNode, TreeView, rollout_tree_view
 from cmlrl_agents.value_head import ValueHead, ValueModel
 
 __all__ = [
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "Completion",
     "IACConfig",
     "IACTrainer",

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from datasets import Dataset, DatasetDict, IterableDataset
 
+from cmlrl_agents.cli_paper_tasks import PAPER_TASKS
 from cmlrl_env import RewardProcessors, tasks
 
 __all__ = [
@@ -236,6 +237,7 @@ def _length_feedback() -> tuple[dict[str, Any], dict[str, Any]]:
 BUILTIN_TASKS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
     "length_ratio": _length_ratio,
     "length_feedback": _length_feedback,
+    **PAPER_TASKS,
 }
 
 
