@@ -2,6 +2,7 @@
 
 from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from cmlrl_agents.magrpo import (
     MAGRPOTrainer,
     MAREINFORCETrainer,
@@ -15,10 +16,14 @@ from cmlrl_agents.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, smollm2_path
-from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.scripted import ScriptedLLMAgent, ScriptedPolicy
+from cmlrl_agents.tree_plot import draw_rollout_tree, save_rollout_tree, write_tree_html
+from cmlrl_agents.tree_view import TreeNode, TreeView, rollout_tree_view
 from cmlrl_agents.value_head import ValueHead, ValueModel
 
 __all__ = [
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "Completion",
     "IACConfig",
     "IACTrainer",
@@ -37,6 +42,13 @@ __all__ = [
     "MARLOOConfig",
     "MARLOOTrainer",
     "SamplingConfig",
+    "ScriptedLLMAgent",
     "ScriptedPolicy",
     "smollm2_path",
+    "TreeNode",
+    "TreeView",
+    "draw_rollout_tree",
+    "rollout_tree_view",
+    "save_rollout_tree",
+    "write_tree_html",
 ]

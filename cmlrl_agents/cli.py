@@ -3,7 +3,7 @@
     cmlrl train RUN.yaml [--set config.agent_learning_rate=1e-5 ...] [--resume latest]
     cmlrl eval RUN.yaml [--checkpoint PATH|latest] [--num-eval-samples N]
     cmlrl check RUN.yaml | cmlrl check --task length_ratio | --dataset M:F --reward M:F ...
-    cmlrl plot RUN_DIR
+    cmlrl plot RUN_DIR | cmlrl plot RUN_DIR/trees/env_step-000000.json
 
 A run file has the sections ``algorithm``, ``model``, ``task``, ``config`` and ``wandb`` (see
 ``docs/experiments.md``). Mistakes in it exit with status 2 and one line naming the valid choices;
@@ -41,7 +41,7 @@ from cmlrl_agents.cli_tasks import (
     task_from_flags,
 )
 from cmlrl_agents.config import SharedConfig
-from cmlrl_agents.plotting import plot_metrics
+from cmlrl_agents.plotting import plot_metrics, plot_run
 from cmlrl_agents.runs import foreign_checkpoints
 
 __all__ = ["ALGORITHMS", "BUILTIN_MODELS", "MODEL_KEYS", "Plan", "build_trainer", "main", "plan"]
@@ -223,8 +223,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        path = plot_metrics(args.run_dir, output=args.output)
-    print(path)
+        paths = plot_run(args.run_dir, output=args.output)
+    print("\n".join(str(p) for p in paths))
     return 0
 
 
@@ -272,9 +272,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--formatters", nargs="+", metavar="MODULE:FUNCTION")
     check.add_argument("--transition", metavar="MODULE:FUNCTION")
     check.set_defaults(handler=cmd_check)
-    plot = commands.add_parser("plot", help="write the reward plot of a run folder")
-    plot.add_argument("run_dir", type=Path)
-    plot.add_argument("--output", type=Path, help="default: RUN_DIR/rewards.png")
+    plot = commands.add_parser(
+        "plot", help="draw a run folder's reward plot and rollout trees, or one tree's JSON"
+    )
+    plot.add_argument("run_dir", type=Path, metavar="RUN_DIR|TREE.json")
+    plot.add_argument(
+        "--output", type=Path, help="default: RUN_DIR/rewards.png, or TREE.png beside the JSON"
+    )
     plot.set_defaults(handler=cmd_plot, set=[])
     return parser
 

@@ -45,7 +45,10 @@ ALGORITHMS = {
     "marloo": "cmlrl_agents.magrpo:MARLOOTrainer",
     "iac": "cmlrl_agents.actor_critic:IACTrainer",
     "maac": "cmlrl_agents.actor_critic:MAACTrainer",
+    "magrpo_centralized": "cmlrl_agents.centralized:CentralizedMAGRPOTrainer",
 }
+# Algorithms that train one model for every role of the task.
+SINGLE_POLICY_ALGORITHMS = ("magrpo_centralized",)
 BUILTIN_MODELS = ("tiny", "smollm2")
 MODEL_KEYS = ("name_or_path", "critic_name_or_path", *MODEL_CONFIG_KEYS)
 
@@ -160,7 +163,8 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
     if agent_dirs:
         models: dict[str, Any] = {"agents": [str(d) for d in agent_dirs]}
     else:
-        models = _models(name, num_agents, model_config, seed=0)
+        count = 1 if p.algorithm in SINGLE_POLICY_ALGORITHMS else num_agents
+        models = _models(name, count, model_config, seed=0)
     num_critics = _num_critics(p, num_agents)
     if num_critics:
         critic = _models(

@@ -16,6 +16,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict, IterableDataset
 
 # Reading the run file (YAML, --set, import paths) lives in cli_spec.py; re-exported here.
+from cmlrl_agents.cli_paper_tasks import PAPER_TASKS
 from cmlrl_agents.cli_spec import (
     SECTIONS,
     CLIError,
@@ -101,6 +102,7 @@ def _length_feedback() -> tuple[dict[str, Any], dict[str, Any]]:
 BUILTIN_TASKS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
     "length_ratio": _length_ratio,
     "length_feedback": _length_feedback,
+    **PAPER_TASKS,
 }
 
 

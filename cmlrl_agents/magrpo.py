@@ -9,6 +9,7 @@ env's tree (one batched generate per agent and turn) and hands the tree to its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,8 @@ from cmlrl_agents.magrpo_config import (
 from cmlrl_agents.policy_gradient import PolicyGradientLearner, Sample, agent_samples
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.trainer_base import Item, TeamTrainer
+from cmlrl_agents.tree_plot import save_rollout_tree
+from cmlrl_agents.tree_view import rollout_tree_view
 from cmlrl_env import CoMLRLEnv
 
 __all__ = [
@@ -105,6 +108,7 @@ class MAGRPOTrainer(TeamTrainer):
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.learner = PolicyGradientLearner(self.agents, args)
+        self.rounds = 0  # rounds trained by this object; tree_plot_interval counts them
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluate on the first ``num_eval_samples`` eval items (default
@@ -156,7 +160,24 @@ class MAGRPOTrainer(TeamTrainer):
             sampling=self.sampling,
             joint_mode=args.joint_mode,
         )
+        if args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0:
+            self.save_tree(tree)
+        self.rounds += 1
         return self.learner.update(tree), tree.env_steps
+
+    def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
+        """Draw the first item of ``tree`` with this trainer's return and advantage settings
+        into ``run_dir/trees/env_step-<E>`` (``.json``, ``.html`` and, unless the tree is too big
+        for one image, ``.png``); returns the paths by suffix."""
+        args = self.args
+        view = rollout_tree_view(
+            tree,
+            discount=args.discount,
+            advantage_mode=args.advantage_mode,
+            advantage_normalization=args.advantage_normalization,
+            env_step=self.env_step,
+        )
+        return save_rollout_tree(view, self.run_dir / "trees" / f"env_step-{self.env_step:06d}")
 
 
 class MAREINFORCETrainer(MAGRPOTrainer):

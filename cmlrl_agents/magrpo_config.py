@@ -46,6 +46,9 @@ class MAGRPOConfig(SharedConfig):
     reference_kl_enabled: bool = False
     """Penalise divergence from a frozen copy of each agent's initial weights."""
     reference_kl_coef: float = 0.1
+    tree_plot_interval: int = 0
+    """Every N-th round (the 1st, the N+1-th, ...) draw the first item's rollout tree into
+    ``output_dir/trees/env_step-<E>.png`` with ``.html`` (full texts) and ``.json`` (0: never)."""
     eval_interval: int = 16
     logging_steps: int = 50
 
@@ -58,6 +61,7 @@ class MAGRPOConfig(SharedConfig):
         self._choice("loss_aggregation", LOSS_AGGREGATIONS)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
+        self._int("tree_plot_interval", 0)
         if self.advantage_mode == "raw" and self.advantage_normalization:
             raise ValueError(
                 "advantage_mode='raw' with advantage_normalization=True: raw returns have no "

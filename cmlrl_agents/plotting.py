@@ -1,4 +1,5 @@
-"""Reward curves from a run folder's `metrics.jsonl` (written by `MetricsLogger`)."""
+"""Reward curves from a run folder's `metrics.jsonl` (written by `MetricsLogger`), and
+`plot_run`, which also redraws the run's rollout trees (what `cmlrl plot` does)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["plot_metrics"]
+__all__ = ["plot_metrics", "plot_run"]
 
 _TRAIN_KEY = re.compile(r"^turn_(\d+)/reward_mean$")
 _EVAL_KEY = re.compile(r"^eval/turn_(\d+)/reward_mean$")
@@ -93,3 +94,32 @@ def plot_metrics(run_dir: str | Path, *, output: str | Path | None = None) -> Pa
     path = Path(output) if output is not None else run_dir / "rewards.png"
     figure.savefig(path, dpi=120)
     return path
+
+
+def plot_run(target: str | Path, *, output: str | Path | None = None) -> list[Path]:
+    """What ``cmlrl plot`` draws; returns the files written.
+
+    A run folder: ``rewards.png`` (when it has ``metrics.jsonl``) and every rollout tree saved in
+    ``trees/*.json`` (PNG and HTML beside each). A tree's ``.json``: that tree, to ``output`` or
+    beside the JSON.
+    """
+    from cmlrl_agents.tree_plot import draw_rollout_tree
+    from cmlrl_agents.tree_view import TreeView
+
+    target = Path(target)
+    if target.suffix == ".json":
+        png, page = draw_rollout_tree(TreeView.load(target), output or target.with_suffix(".png"))
+        return [png] if page is None else [png, page]
+    trees = sorted((target / "trees").glob("*.json"))
+    if output is not None and trees:
+        raise ValueError(
+            f"output={str(output)!r} names one file but {target} has {len(trees)} rollout trees "
+            "as well; leave output out, or plot one tree's .json."
+        )
+    paths = []
+    if (target / "metrics.jsonl").is_file() or not trees:
+        paths.append(plot_metrics(target, output=output))
+    for tree in trees:
+        png, page = draw_rollout_tree(TreeView.load(tree), tree.with_suffix(".png"))
+        paths += [png] if page is None else [png, page]
+    return paths

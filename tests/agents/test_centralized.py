@@ -1,0 +1,198 @@
+"""One model for every role (CentralizedMAGRPOTrainer) and single-agent GRPO on the same rewards."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+
+from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.centralized import (
+    CentralizedMAGRPOConfig,
+    CentralizedMAGRPOTrainer,
+    JointReward,
+    joint_prompt,
+    split_roles,
+)
+from cmlrl_agents.policy import SamplingConfig
+from cmlrl_agents.rollout import collect_tree
+from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.testing import tiny_agent
+from cmlrl_env import code_tasks, writing_tasks
+
+SUMMARY = "one two three four five six seven eights"
+EXPANSION = (
+    "however alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima because "
+    "mike then"
+)  # with SUMMARY: every writing level at its optimum (3.0)
+
+
+def test_the_trainer_is_a_top_level_name() -> None:
+    import cmlrl_agents
+
+    assert cmlrl_agents.CentralizedMAGRPOTrainer is CentralizedMAGRPOTrainer
+    assert "CentralizedMAGRPOConfig" in cmlrl_agents.__all__
+
+
+def test_joint_prompt_and_split_roles() -> None:
+    prompt = joint_prompt(["Summarise.", "Expand."])
+    assert prompt.startswith("You write the answers of 2 roles.")
+    assert "<agent_0>...</agent_0><agent_1>...</agent_1>" in prompt
+    assert "Role 0 (<agent_0>):\nSummarise." in prompt and "Role 1 (<agent_1>):\nExpand." in prompt
+    assert split_roles("x <agent_0> a </agent_0>\n<agent_1>b\nc</agent_1> y", 2) == ["a", "b\nc"]
+    assert split_roles("<agent_0>a</agent_0>", 2) is None  # a role missing
+    assert split_roles("<agent_0>a</agent_0><agent_0>b</agent_0><agent_1>c</agent_1>", 2) is None
+
+
+def test_unparsable_completions_get_the_penalty_and_skip_the_reward() -> None:
+    calls = []
+
+    def reward(summaries, expansions):
+        calls.append((list(summaries), list(expansions)))
+        return writing_tasks.writing_reward(summaries, expansions)
+
+    joint = JointReward(reward, 2, parse_failure_reward=-1.0)
+    good = f"<agent_0>{SUMMARY}</agent_0><agent_1>{EXPANSION}</agent_1>"
+    assert joint([good, "no markers", good], batch_items=[{"prompt": "p"}]) == [3.0, -1.0, 3.0]
+    assert calls == [([SUMMARY, SUMMARY], [EXPANSION, EXPANSION])]  # one call, parsed only
+    assert joint(["no markers"], batch_items=[{"prompt": "p"}]) == [-1.0]
+    assert len(calls) == 1
+
+
+def make_trainer(tmp_path, **config) -> CentralizedMAGRPOTrainer:
+    train, evaluation = writing_tasks.writing_splits()
+    defaults = dict(
+        num_generations=2,
+        max_new_tokens=6,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        eval_num_samples=2,
+        logging_steps=1,
+        agent_learning_rate=1e-3,
+        output_dir=str(tmp_path / "run"),
+    )
+    return CentralizedMAGRPOTrainer(
+        agents=[tiny_agent(seed=0)],
+        formatters=[writing_tasks.summary_formatter, writing_tasks.expansion_formatter],
+        reward_func=writing_tasks.writing_reward,
+        train_dataset=train.select(range(4)),
+        eval_dataset=evaluation,
+        args=CentralizedMAGRPOConfig(**{**defaults, **config}),
+    )
+
+
+def test_the_joint_policy_sees_every_role_and_is_scored_by_the_team_reward(tmp_path) -> None:
+    trainer = make_trainer(tmp_path)
+    assert (trainer.num_agents, trainer.num_roles) == (1, 2)
+    item = writing_tasks.writing_dataset()[0]
+    script = ScriptedPolicy(
+        lambda prompt, g: (
+            f"<agent_0>{SUMMARY}</agent_0><agent_1>{EXPANSION}</agent_1>"
+            if g == 0
+            else "unparsable"
+        )
+    )
+    tree = collect_tree(
+        trainer.task, [script], [(item, 0)], num_generations=2, sampling=SamplingConfig()
+    )
+    (prompt,), _ = script.calls[0]
+    assert writing_tasks.summary_formatter(item) in prompt
+    assert writing_tasks.expansion_formatter(item) in prompt
+    assert tree.levels[0].rewards.tolist() == [[3.0, -1.0]]
+
+
+def test_training_changes_the_one_model_and_logs_the_loss(tmp_path) -> None:
+    # A random model never writes the markers: every reward is the penalty, so a raw
+    # (REINFORCE) advantage gives the gradient that pushes those completions down.
+    trainer = make_trainer(tmp_path, advantage_mode="raw", advantage_normalization=False)
+    before = copy.deepcopy(trainer.agents[0].model.state_dict())
+    trainer.train()
+    changed = [
+        n for n, p in trainer.agents[0].model.named_parameters() if not torch.equal(p, before[n])
+    ]
+    assert len(changed) == len(before)
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    train_rows = [r for r in rows if "loss" in r]
+    assert len(train_rows) == 2 and all(r["turn_1/reward_mean"] == -1.0 for r in train_rows)
+
+
+def test_eval_logger_receives_the_split_role_outputs(tmp_path) -> None:
+    seen = {}
+
+    def logger(*, agent_completions_turns, batch_items, prompts):
+        seen["completions"] = agent_completions_turns
+        return [{"n": 1.0} for _ in batch_items]
+
+    trainer = make_trainer(tmp_path)
+    trainer.eval_logger = logger
+    trainer.eval_aggregator = lambda rows, *, num_turns: {"rows": float(len(rows))}
+    metrics = trainer.evaluate(num_eval_samples=2)
+    assert len(seen["completions"]) == 2  # two roles, each [item][turn]
+    assert [len(c) for c in seen["completions"][0]] == [1, 1]
+    assert metrics["eval/rows"] == 2.0 and metrics["eval/parse_rate"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"num_turns": 2}, "plays one turn; set num_turns=1"),
+        ({"num_agents": 2}, "trains one policy; set num_roles"),
+        ({"num_roles": 3}, "the number of roles disagrees"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(tmp_path, config, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_trainer(tmp_path, **config)
+
+
+def test_a_transition_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="takes no external_transition"):
+        CentralizedMAGRPOTrainer(
+            agents=[tiny_agent()],
+            formatters=[code_tasks.helper_formatter, code_tasks.main_formatter],
+            reward_func=code_tasks.humaneval_reward,
+            external_transition=code_tasks.code_feedback,
+            train_dataset=Dataset.from_dict({"prompt": ["x"]}),
+            args=CentralizedMAGRPOConfig(output_dir=str(tmp_path / "run")),
+        )
+
+
+def test_single_agent_grpo_trains_on_the_code_reward(tmp_path) -> None:
+    train, _ = code_tasks.humaneval_splits()
+    args = MAGRPOConfig(
+        num_agents=1,
+        num_generations=2,
+        max_new_tokens=6,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        logging_steps=1,
+        advantage_mode="raw",
+        advantage_normalization=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    trainer = MAGRPOTrainer(
+        agents=[tiny_agent(seed=2)],
+        formatters=[code_tasks.single_formatter],
+        reward_func=code_tasks.humaneval_single_reward,
+        train_dataset=train.select(range(2)),
+        args=args,
+    )
+    helper = "def aux(number):\n    return number % 1.0\n"
+    main = "def truncate_number(number):\n    result = aux(number)\n    return result\n"
+    item = code_tasks.humaneval_dataset(["HumanEval/2"])[0]
+    script = ScriptedPolicy(lambda prompt, g: f"```python\n{helper}\n{main}```" if g else "")
+    tree = collect_tree(
+        trainer.task, [script], [(item, 2)], num_generations=2, sampling=SamplingConfig()
+    )
+    assert tree.levels[0].rewards.tolist() == [[0.0, 4.0]]
+    trainer.train()
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    # 2 items x 2 samples; the update itself is MAGRPO's tested one-agent (GRPO) step.
+    assert [r["env_step"] for r in rows if "loss" in r] == [4]

