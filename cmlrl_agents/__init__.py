@@ -2,6 +2,7 @@
 
 from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.actor_critic_learner import ActorCriticBatch, ActorCriticLearner
 from cmlrl_agents.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from cmlrl_agents.magrpo import (
     MAGRPOTrainer,
@@ -16,12 +17,16 @@ from cmlrl_agents.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, smollm2_path
+from cmlrl_agents.policy_gradient import PolicyGradientLearner
 from cmlrl_agents.scripted import ScriptedLLMAgent, ScriptedPolicy
 from cmlrl_agents.tree_plot import draw_rollout_tree, save_rollout_tree, write_tree_html
 from cmlrl_agents.tree_view import TreeNode, TreeView, rollout_tree_view
 from cmlrl_agents.value_head import ValueHead, ValueModel
 
 __all__ = [
+    "ActorCriticBatch",
+    "ActorCriticLearner",
+    "PolicyGradientLearner",
     "CentralizedMAGRPOConfig",
     "CentralizedMAGRPOTrainer",
     "Completion",
