@@ -143,16 +143,8 @@ class _ActorCriticTrainer(TeamTrainer):
         return self.learner.critic_encoders
 
     @property
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        return self.learner.optimizers
-
-    @property
     def critic_optimizers(self) -> list[torch.optim.Optimizer]:
         return self.learner.critic_optimizers
-
-    @property
-    def reference_models(self) -> list[torch.nn.Module] | None:
-        return self.learner.reference_models
 
     # -- critics: which one serves which agent and reads what ----------------------------------
     def _build_critics(

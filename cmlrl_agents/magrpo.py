@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from datasets import Dataset, IterableDataset
 
 from cmlrl_agents._checks import finite_metrics
@@ -138,16 +137,6 @@ class MAGRPOTrainer(TeamTrainer):
         return finite_metrics(
             self.eval_aggregator(rows, num_turns=self.args.num_turns), "eval_aggregator"
         )
-
-    @property
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        """The agents' optimizers (held by ``learner``)."""
-        return self.learner.optimizers
-
-    @property
-    def reference_models(self) -> list[torch.nn.Module] | None:
-        """The frozen reference copies of ``reference_kl_enabled`` (held by ``learner``)."""
-        return self.learner.reference_models
 
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:

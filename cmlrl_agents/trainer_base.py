@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset, IterableDataset
 from transformers import set_seed
 
@@ -22,6 +23,7 @@ from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.evaluation import mean_eval_metrics
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
+from cmlrl_agents.metrics import reward_postfix
 from cmlrl_agents.plotting import plot_metrics
 from cmlrl_agents.policy import LLMAgent, SamplingConfig
 from cmlrl_agents.rollout import RolloutTree, collect_tree
@@ -197,6 +199,16 @@ class TeamTrainer(RunMixin):
         return env, env.task
 
     @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The agents' optimizers (held by ``learner``)."""
+        return self.learner.optimizers
+
+    @property
+    def reference_models(self) -> list[torch.nn.Module] | None:
+        """The frozen reference copies of ``reference_kl_enabled`` (held by ``learner``)."""
+        return self.learner.reference_models
+
+    @property
     def sampling(self) -> SamplingConfig:
         a = self.args
         return SamplingConfig(
@@ -250,7 +262,7 @@ class TeamTrainer(RunMixin):
                 self.epoch_position += len(items)
                 self.logger.logging_steps = self.args.logging_steps  # may change mid-run
                 self.logger.log_train(last, self.env_step)
-                progress.update(len(items), postfix=_reward_postfix(last))
+                progress.update(len(items), postfix=reward_postfix(last, self.args.num_turns))
                 self._maybe_checkpoint(len(items))
             self.epoch += 1
             self.epoch_position = 0
@@ -360,11 +372,3 @@ class TeamTrainer(RunMixin):
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
         """Trainer-specific evaluation metrics (without the ``eval/`` prefix)."""
         return {}
-
-
-def _reward_postfix(metrics: Mapping[str, float]) -> dict[str, float]:
-    return {
-        k.split("/")[0]: v
-        for k, v in metrics.items()
-        if k.startswith("turn_") and k.endswith("/reward_mean")
-    }
