@@ -202,7 +202,7 @@ class ActorCriticLearner:
             for i in range(0, len(slots), per_step):
                 self._minibatch_steps(batch, set(slots[i : i + per_step]), old, stats)
         metrics.update({key: float(np.mean(values)) for key, values in stats.items()})
-        metrics.update(kl_turn_means(metrics, len(self.agents)))
+        metrics.update(kl_turn_means(metrics, len(self.agents), self.args.num_turns))
         return metrics
 
     def _value_metrics(self, samples: list[list[RolloutSample]]) -> dict[str, float]:

@@ -125,7 +125,7 @@ class PolicyGradientLearner:
             norms.append(stats["grad_norm"])
         metrics["loss"] = sum(losses) / len(losses)
         metrics["grad_norm"] = sum(norms) / len(norms)
-        metrics.update(kl_turn_means(metrics, len(self.agents)))
+        metrics.update(kl_turn_means(metrics, len(self.agents), self.args.num_turns))
         return metrics
 
     def update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:

@@ -9,12 +9,12 @@ adds ``reference_kl_coef`` times the k3 estimate of KL(policy || reference) to t
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from cmlrl_agents.losses import kl_k3
+from cmlrl_agents.metrics import turn_key
 from cmlrl_agents.tokens import TokenBatch, sequence_logprobs
 
 __all__ = ["frozen_copies", "reference_kl", "kl_turn_stats", "kl_turn_means"]
@@ -47,20 +47,29 @@ def reference_kl(
     return kl_k3(logprobs, ref, batch.completion_mask)
 
 
+KL_METRICS = ("reference_kl_mean", "reference_kl_penalty_mean")
+
+
 def kl_turn_stats(kl_by_turn: Mapping[int, list[float]], coef: float) -> dict[str, float]:
     """``turn_k/reference_kl_mean`` and ``…_penalty_mean`` from per-sample KLs by turn."""
     stats = {}
     for turn, values in kl_by_turn.items():
         mean = sum(values) / len(values)
-        stats[f"turn_{turn}/reference_kl_mean"] = mean
-        stats[f"turn_{turn}/reference_kl_penalty_mean"] = coef * mean
+        stats[turn_key(turn, "reference_kl_mean")] = mean
+        stats[turn_key(turn, "reference_kl_penalty_mean")] = coef * mean
     return stats
 
 
-def kl_turn_means(metrics: Mapping[str, float], num_agents: int) -> dict[str, float]:
-    """Team means of the per-agent reference-KL metrics under the seed's ``turn_k/…`` names."""
-    out: dict[str, list[float]] = defaultdict(list)
-    for key, value in metrics.items():
-        if key.startswith("agent_") and "/reference_kl_" in key:
-            out[key.split("/", 1)[1]].append(value)
-    return {k: sum(v) / len(v) for k, v in out.items() if len(v) == num_agents}
+def kl_turn_means(
+    metrics: Mapping[str, float], num_agents: int, num_turns: int
+) -> dict[str, float]:
+    """Team means of the per-agent ``agent_i/turn_k/reference_kl_*`` metrics under the seed's
+    ``turn_k/…`` names, for the turns every agent has (names looked up, never parsed)."""
+    out = {}
+    for turn in range(1, num_turns + 1):
+        for name in KL_METRICS:
+            key = turn_key(turn, name)
+            values = [metrics.get(f"agent_{a}/{key}") for a in range(num_agents)]
+            if all(v is not None for v in values):
+                out[key] = sum(values) / num_agents  # type: ignore[arg-type]
+    return out

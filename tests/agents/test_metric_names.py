@@ -21,3 +21,23 @@ def test_the_progress_postfix_reads_each_turns_reward_mean() -> None:
     assert reward_postfix(metrics, num_turns=2) == {"turn_1": 0.5, "turn_2": 0.25}
     assert reward_postfix(metrics, num_turns=1) == {"turn_1": 0.5}
     assert reward_postfix({}, num_turns=3) == {}
+
+
+def test_team_kl_means_cover_the_turns_every_agent_has() -> None:
+    from cmlrl_agents.reference import kl_turn_means, kl_turn_stats
+
+    agent_0 = kl_turn_stats({1: [0.1, 0.3], 2: [0.5]}, coef=0.5)
+    agent_1 = kl_turn_stats({1: [0.4]}, coef=0.5)
+    assert agent_0 == {
+        "turn_1/reference_kl_mean": 0.2,
+        "turn_1/reference_kl_penalty_mean": 0.1,
+        "turn_2/reference_kl_mean": 0.5,
+        "turn_2/reference_kl_penalty_mean": 0.25,
+    }
+    metrics = {f"agent_0/{k}": v for k, v in agent_0.items()}
+    metrics |= {f"agent_1/{k}": v for k, v in agent_1.items()}
+    means = kl_turn_means(metrics, num_agents=2, num_turns=2)
+    assert means == {
+        "turn_1/reference_kl_mean": (0.2 + 0.4) / 2,
+        "turn_1/reference_kl_penalty_mean": (0.1 + 0.2) / 2,
+    }  # turn 2: agent_1 has no value there, so no team mean
