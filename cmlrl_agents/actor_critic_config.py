@@ -30,6 +30,8 @@ class ActorCriticConfig(SharedConfig):
     shared trunk; with a separate critic it only rescales that critic's gradient."""
     value_clip_range: float | None = None
     """Clip each value update to within this of the rollout-time value (None: plain MSE)."""
+    # The seed's and comlrl's name, kept because users set it; here a z-score, in the MAGRPO
+    # family std scaling without re-centring (see MAGRPOConfig).
     advantage_normalization: bool = True
     """Z-score each agent's advantages over the round's samples."""
     gae_lambda: float = 0.95

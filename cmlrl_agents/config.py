@@ -189,6 +189,7 @@ class SharedConfig(ValidatedConfig):
     """Local metrics, config, plots and checkpoints.
 
     None: ``runs/<algorithm>-<date>-<time>-<run id>``, a new folder per trainer."""
+    # comlrl's name (users rely on it): the task items of one round, not a replay buffer.
     rollout_buffer_size: int = 2
     """Task items rolled out together (one batched generate per agent and turn) per update."""
     train_batch_size: int | None = None

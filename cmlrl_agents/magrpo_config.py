@@ -34,6 +34,8 @@ class MAGRPOConfig(SharedConfig):
     joint_mode: str = "aligned"
     advantage_mode: str = "mean"
     """Baseline over the G siblings: mean, rloo (leave-one-out), max, or raw (none)."""
+    # The seed's and comlrl's name, kept because users set it; in the MAGRPO family it means
+    # std scaling without re-centring, in the actor-critics a z-score (see ActorCriticConfig).
     advantage_normalization: bool = True
     """Divide advantages by the siblings' return std (no re-centring); refused with
     ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
