@@ -1,4 +1,4 @@
-"""Every python block of docs/env.md runs, top to bottom, in one namespace."""
+"""Every python block of the env-side guides runs, top to bottom, in one namespace per guide."""
 
 from __future__ import annotations
 
@@ -7,21 +7,25 @@ import io
 import re
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "env.md"
+import pytest
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
 
 
-def test_docs_env_md_has_runnable_python_blocks() -> None:
-    blocks = python_blocks(DOC.read_text(encoding="utf-8"))
-    assert len(blocks) >= 10
-    namespace: dict[str, object] = {"__name__": "docs_env_md"}
+# The minimum block counts catch a guide whose fences stopped matching (then nothing would run).
+@pytest.mark.parametrize(("guide", "min_blocks"), [("env.md", 10), ("tasks.md", 7)])
+def test_guide_python_blocks_run(guide: str, min_blocks: int) -> None:
+    blocks = python_blocks((DOCS / guide).read_text(encoding="utf-8"))
+    assert len(blocks) >= min_blocks
+    namespace: dict[str, object] = {"__name__": f"docs_{guide.replace('.', '_')}"}
     for number, block in enumerate(blocks, start=1):
         with contextlib.redirect_stdout(io.StringIO()):
             try:
-                exec(compile(block, f"docs/env.md block {number}", "exec"), namespace)
+                exec(compile(block, f"docs/{guide} block {number}", "exec"), namespace)
             except Exception as exc:
-                exc.add_note(f"in python block {number} of docs/env.md:\n{block}")
+                exc.add_note(f"in python block {number} of docs/{guide}:\n{block}")
                 raise
