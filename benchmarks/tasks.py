@@ -77,7 +77,7 @@ def run(name: str, run_file: str, overrides: dict[str, object], out: Path) -> st
     after = trainer.evaluate_items(n)
     trainer.close()
     wall = time.perf_counter() - start
-    items = len(trainer.env.source.dataset) * p.config.num_train_epochs
+    items = len(trainer.env.spec.dataset) * p.config.num_train_epochs
     print(json.dumps({"task": name, "before": before, "after": after, "wall_s": wall}), flush=True)
     return (
         f"| {name} | {items} × G={p.config.num_generations}, {p.config.max_new_tokens} tokens "

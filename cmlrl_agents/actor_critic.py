@@ -40,7 +40,7 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
 from cmlrl_agents.trainer_base import Item, TeamTrainer
 from cmlrl_agents.value_head import ValueModel
-from cmlrl_env import CoMLRLEnv
+from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = ["IACTrainer", "MAACTrainer", "RolloutSample", "chain_gae"]
 
@@ -73,12 +73,13 @@ class _ActorCriticTrainer(TeamTrainer):
         args: ActorCriticConfig | None = None,
         env: CoMLRLEnv | None = None,
         *,
+        task: TaskSpec | None = None,
         critic_model: Any = None,
         critics: Sequence[Any] | None = None,
         metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
     ) -> None:
         args = self._checked_args(args, metrics_callback)
-        team = self.team_size(args, num_agents, agents, formatters, env)
+        team = self.team_size(args, num_agents, agents, formatters, env.spec if env else task)
         count = check_critic_args(self, args, critic_model, critics, team)
         super().__init__(
             args=args,
@@ -94,6 +95,7 @@ class _ActorCriticTrainer(TeamTrainer):
             formatters=formatters,
             external_transition=external_transition,
             env=env,
+            task=task,
             wandb_config=wandb_config,
             extra_config={"critic_models": critic_names(critic_model, critics, count)},
         )
@@ -234,7 +236,7 @@ class _ActorCriticTrainer(TeamTrainer):
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
         args = self.args
         tree = collect_tree(
-            self.task,
+            self.env,
             self.agents,
             items,
             num_generations=args.num_generations,

@@ -20,7 +20,8 @@ from typing import Any
 from cmlrl_agents.magrpo import MAGRPOTrainer, eval_chains
 from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.rollout import RolloutTree
-from cmlrl_env import Formatters, RewardFunction
+from cmlrl_agents.trainer_checks import check_given_task
+from cmlrl_env import Formatters, RewardFunction, TaskSpec
 
 __all__ = [
     "CentralizedMAGRPOConfig",
@@ -148,10 +149,17 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         eval_aggregator: Callable[..., Any] | None = None,
         args: CentralizedMAGRPOConfig | None = None,
         num_roles: int | None = None,
+        *,
+        task: TaskSpec | None = None,
     ) -> None:
         args = CentralizedMAGRPOConfig() if args is None else args
         if not isinstance(args, CentralizedMAGRPOConfig):
             raise TypeError(f"args must be a CentralizedMAGRPOConfig, got {type(args).__name__}.")
+        if task is not None:  # the team task whole: its pieces go through the joint wrappers
+            given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
+            check_given_task(task, args, given, "task")
+            train_dataset, formatters, reward_func = task.dataset, task.formatters, task.reward_func
+            reward_processor, external_transition = task.reward_processor, task.external_transition
         if external_transition is not None:
             raise ValueError(
                 "CentralizedMAGRPOTrainer plays one turn and takes no external_transition; "
@@ -159,18 +167,27 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             )
         if reward_func is None:
             raise ValueError("reward_func is required: the team task's reward, one list per role.")
-        self.num_roles = _resolve_roles(num_roles, args.num_roles, formatters)
+        counted = len(formatters) if isinstance(formatters, (list, tuple)) else None
+        if task is not None:
+            counted = task.num_agents
+        self.num_roles = _resolve_roles(num_roles, args.num_roles, counted)
+        joint = {
+            "formatters": JointFormatter(formatters, self.num_roles),
+            "reward_func": JointReward(reward_func, self.num_roles, args.parse_failure_reward),
+        }
+        source: dict[str, Any] = (
+            {"train_dataset": train_dataset, "reward_processor": reward_processor, **joint}
+            if task is None
+            else {"task": task.replace(num_agents=1, **joint)}  # its limits and options stay
+        )
         super().__init__(
             agent_model=agent_model,
             agents=agents,
             num_agents=1,
             tokenizer=tokenizer,
             model_config=model_config,
-            train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            reward_func=JointReward(reward_func, self.num_roles, args.parse_failure_reward),
-            reward_processor=reward_processor,
-            formatters=JointFormatter(formatters, self.num_roles),
+            **source,
             wandb_config=wandb_config,
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
@@ -204,8 +221,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         return metrics
 
 
-def _resolve_roles(given: int | None, configured: int | None, formatters: Any) -> int:
-    counted = len(formatters) if isinstance(formatters, (list, tuple)) else None
+def _resolve_roles(given: int | None, configured: int | None, counted: int | None) -> int:
     values = {
         k: v
         for k, v in (("num_roles", given), ("args.num_roles", configured), ("formatters", counted))

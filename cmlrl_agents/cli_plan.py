@@ -19,7 +19,7 @@ from cmlrl_agents.cli_tasks import (
     SECTIONS,
     TRAINER_CALLBACKS,
     CLIError,
-    TaskParts,
+    TaskSection,
     build_task,
     check_keys,
 )
@@ -71,7 +71,7 @@ class Plan:
     algorithm: str
     trainer_class: type
     config: SharedConfig
-    task: TaskParts
+    task: TaskSection
     model: dict[str, Any] | None
     wandb: dict[str, Any] | None
 
@@ -158,12 +158,19 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
     run file's model."""
     assert p.model is not None, "plan(..., need_model=True) first"
     num_agents = p.config.num_agents or p.task.num_agents or 2
+    roles = p.algorithm in SINGLE_POLICY_ALGORITHMS  # the spec is the team task of num_roles
+    num_roles = (p.config.num_roles or p.task.num_agents) if roles else None
+    if roles and num_roles is None:
+        raise CLIError(
+            f"{p.algorithm} needs the number of roles: give one formatter per role "
+            "(task.formatters: [...]) or config.num_roles."
+        )
     model_config = {k: v for k, v in p.model.items() if k in MODEL_CONFIG_KEYS}
     name = str(p.model["name_or_path"])
     if agent_dirs:
         models: dict[str, Any] = {"agents": [str(d) for d in agent_dirs]}
     else:
-        count = 1 if p.algorithm in SINGLE_POLICY_ALGORITHMS else num_agents
+        count = 1 if roles else num_agents
         models = _models(name, count, model_config, seed=0)
     num_critics = _num_critics(p, num_agents)
     if num_critics:
@@ -171,19 +178,14 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
             str(p.model.get("critic_name_or_path", name)), num_critics, model_config, seed=100
         )
         models |= {"critic_model": critic.get("agent_model"), "critics": critic.get("agents")}
-    task = p.task
     return p.trainer_class(
         **models,
         model_config=model_config or None,
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-        formatters=task.formatters,
-        reward_func=task.reward_func,
-        reward_processor=task.reward_processor,
-        external_transition=task.external_transition,
+        task=p.task.spec(p.config, num_agents=num_roles if roles else num_agents),
+        eval_dataset=p.task.eval_dataset,
         wandb_config=p.wandb if use_wandb else None,
         args=p.config,
-        **task.callbacks,
+        **p.task.callbacks,
     )
 
 

@@ -8,6 +8,7 @@ The trainer and model sections are built in ``cmlrl_agents.cli``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from cmlrl_agents.cli_spec import (
     parse_value,
     resolve_import,
 )
-from cmlrl_env import RewardProcessors, tasks
+from cmlrl_env import RewardProcessors, TaskSpec, tasks
 
 __all__ = [
     "BUILTIN_TASKS",
@@ -35,7 +36,8 @@ __all__ = [
     "TASK_KEYS",
     "TRAINER_CALLBACKS",
     "CLIError",
-    "TaskParts",
+    "TASK_SPEC_OPTIONS",
+    "TaskSection",
     "apply_overrides",
     "build_task",
     "check_keys",
@@ -47,11 +49,23 @@ __all__ = [
     "task_from_flags",
 ]
 
+# TaskSpec fields that the task section does not set under their own name: the pieces it names
+# differently (reward, transition), the team size and turns (the config section's), and the
+# item order (trainers read dataset order). Every other TaskSpec field is a task key as it is,
+# so a new env option reaches the run file with no edit here.
+_SPEC_FIELDS_SET_ELSEWHERE = (
+    *("dataset", "formatters", "reward_func", "reward_processor", "external_transition"),
+    *("num_agents", "num_turns", "early_termination_threshold", "item_order"),
+)
+TASK_SPEC_OPTIONS = tuple(
+    f.name for f in dataclasses.fields(TaskSpec) if f.name not in _SPEC_FIELDS_SET_ELSEWHERE
+)
 TASK_KEYS = (
     *("name", "dataset", "dataset_kwargs", "eval_dataset", "test_size"),
     *("formatters", "reward", "reward_processor", "transition"),
     *("max_train_items", "max_eval_items"),
     *("eval_logger", "eval_aggregator", "metrics_callback"),
+    *TASK_SPEC_OPTIONS,
 )
 # Trainer callbacks that a task may carry; only the trainers whose constructor takes them accept.
 TRAINER_CALLBACKS = ("eval_logger", "eval_aggregator", "metrics_callback")
@@ -62,22 +76,35 @@ REWARD_PROCESSOR_STEPS = ("scale", "shift", "clip")
 
 
 @dataclass
-class TaskParts:
-    """What the ``task`` section resolves to: the env's pieces and trainer callbacks."""
+class TaskSection:
+    """What the ``task`` section resolves to: the ``TaskSpec`` keywords it gives, the eval
+    split and trainer callbacks; ``spec(config)`` adds the config's team size and turns."""
 
-    train_dataset: Dataset | IterableDataset
+    spec_keywords: dict[str, Any]
+    """``TaskSpec`` keyword arguments: dataset, formatters, reward_func, ... and options."""
     eval_dataset: Dataset | IterableDataset | None
-    formatters: Any
-    reward_func: Callable[..., Any]
-    reward_processor: Callable[[float], float] | None = None
-    external_transition: Callable[..., Any] | None = None
     callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
     config_defaults: dict[str, Any] = field(default_factory=dict)
     """Config fields the task needs unless the run file sets them (e.g. ``num_turns: 2``)."""
 
     @property
     def num_agents(self) -> int | None:
-        return len(self.formatters) if isinstance(self.formatters, list) else None
+        formatters = self.spec_keywords.get("formatters")
+        return len(formatters) if isinstance(formatters, list) else None
+
+    def keywords(self, config: Any, *, num_agents: int | None = None) -> dict[str, Any]:
+        """Every ``TaskSpec`` keyword of the run: the section's and the config's (``num_agents``
+        replaces the config's team size, e.g. a centralized trainer's number of roles)."""
+        return {
+            **self.spec_keywords,
+            "num_agents": num_agents or config.num_agents or self.num_agents,
+            "num_turns": config.num_turns,
+            "early_termination_threshold": config.early_termination_threshold,
+        }
+
+    def spec(self, config: Any, *, num_agents: int | None = None) -> TaskSpec:
+        """The run's one ``TaskSpec`` (what the trainer takes whole, as ``task=``)."""
+        return TaskSpec(**self.keywords(config, num_agents=num_agents))
 
 
 def _length_ratio() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -106,7 +133,7 @@ BUILTIN_TASKS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = 
 }
 
 
-def build_task(section: Any) -> TaskParts:
+def build_task(section: Any) -> TaskSection:
     """Resolve a ``task`` section: a mapping with the keys ``TASK_KEYS``, or just its ``name``.
     The name is a built-in task or ``"module:function"`` (a factory returning the keys); the
     other keys replace its pieces."""
@@ -139,16 +166,15 @@ def build_task(section: Any) -> TaskParts:
         for name in TRAINER_CALLBACKS
         if pieces.get(name) is not None
     }
-    return TaskParts(
-        train_dataset=train,
-        eval_dataset=evaluation,
-        formatters=formatters,
-        reward_func=resolve_import(pieces["reward"], "task.reward"),
-        reward_processor=_reward_processor(pieces.get("reward_processor")),
-        external_transition=resolve_import(pieces.get("transition"), "task.transition"),
-        callbacks=callbacks,
-        config_defaults=defaults,
-    )
+    spec_keywords = {
+        "dataset": train,
+        "formatters": formatters,
+        "reward_func": resolve_import(pieces["reward"], "task.reward"),
+        "reward_processor": _reward_processor(pieces.get("reward_processor")),
+        "external_transition": resolve_import(pieces.get("transition"), "task.transition"),
+        **{name: pieces[name] for name in TASK_SPEC_OPTIONS if name in pieces},
+    }
+    return TaskSection(spec_keywords, evaluation, callbacks, defaults)
 
 
 def _named_task(name: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -262,43 +288,24 @@ def task_from_flags(section: Any, task: str | None = None, **pieces: Any) -> Any
     return {**(section or {}), **pieces}
 
 
-def check_task_section(task: TaskParts, config: Any) -> tuple[str, bool]:
+def check_task_section(task: TaskSection, config: Any) -> tuple[str, bool]:
     """Run ``check_task`` and ``check_env`` on the task (no model): (the report, passed)."""
     from cmlrl_env import CoMLRLEnv, ConformanceError, TaskCheckError, check_env, check_task
 
-    pieces = dict(
-        num_agents=config.num_agents or task.num_agents,
-        num_turns=config.num_turns,
-        external_transition=task.external_transition,
-        reward_processor=task.reward_processor,
-    )
+    # Loose keywords, not a TaskSpec: check_task reports a piece that fails to bind as a
+    # problem of its report, where building the spec first would stop at the first one.
+    keywords = task.keywords(config)
+    options = {name: keywords.pop(name) for name in TASK_SPEC_OPTIONS if name in keywords}
     lines, failed = [], []
     try:
-        threshold = config.early_termination_threshold
-        lines.append(
-            str(
-                check_task(
-                    task.train_dataset,
-                    task.formatters,
-                    task.reward_func,
-                    early_termination_threshold=threshold,
-                    **pieces,
-                )
-            )
-        )
+        lines.append(str(check_task(**keywords)))
     except TaskCheckError as exc:
         lines.append(str(exc.report))
         failed.append(f"check_task found {len(exc.report.problems)} problem(s)")
     # Later turns go unchecked when the threshold ends every random episode after turn 1.
-    threshold = None if config.num_turns > 1 else config.early_termination_threshold
-    env_fn = functools.partial(
-        CoMLRLEnv,
-        task.train_dataset,
-        task.formatters,
-        task.reward_func,
-        early_termination_threshold=threshold,
-        **pieces,
-    )
+    if config.num_turns > 1:
+        keywords["early_termination_threshold"] = None
+    env_fn = functools.partial(CoMLRLEnv, **keywords, **options)
     try:
         passed = check_env(env_fn)
         lines.append(f"check_env: {len(passed)} checks passed ({', '.join(passed)})")

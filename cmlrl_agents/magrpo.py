@@ -26,7 +26,7 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.trainer_base import Item, TeamTrainer
 from cmlrl_agents.tree_plot import save_rollout_tree
 from cmlrl_agents.tree_view import rollout_tree_view
-from cmlrl_env import CoMLRLEnv
+from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = [
     "MAGRPOTrainer",
@@ -54,7 +54,8 @@ class MAGRPOTrainer(TeamTrainer):
 
     Construct with ``agent_model="<hub id or folder>"`` (one copy per agent) or
     ``agents=[model, ...]`` plus ``tokenizer=``; the task as ``train_dataset``, ``formatters``,
-    ``reward_func`` (``reward_processor``, ``external_transition``) or as a ready ``env=``.
+    ``reward_func`` (``reward_processor``, ``external_transition``), as one ``task=TaskSpec(...)``
+    or as a ready ``env=``.
     """
 
     algorithm = "magrpo"
@@ -79,6 +80,8 @@ class MAGRPOTrainer(TeamTrainer):
         eval_aggregator: Callable[..., Any] | None = None,
         args: MAGRPOConfig | None = None,
         env: CoMLRLEnv | None = None,
+        *,
+        task: TaskSpec | None = None,
     ) -> None:
         args = self.config_class() if args is None else args
         if not isinstance(args, MAGRPOConfig):
@@ -102,6 +105,7 @@ class MAGRPOTrainer(TeamTrainer):
             formatters=formatters,
             external_transition=external_transition,
             env=env,
+            task=task,
             wandb_config=wandb_config,
         )
         self.eval_logger = eval_logger
@@ -142,7 +146,7 @@ class MAGRPOTrainer(TeamTrainer):
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
         args = self.args
         tree = collect_tree(
-            self.task,
+            self.env,
             self.agents,
             items,
             num_generations=args.num_generations,

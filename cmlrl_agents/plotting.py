@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from cmlrl_agents.metrics import turn_key
+
 __all__ = ["plot_metrics", "plot_run"]
 
-_TRAIN_KEY = re.compile(r"^turn_(\d+)/reward_mean$")
-_EVAL_KEY = re.compile(r"^eval/turn_(\d+)/reward_mean$")
-
-Series = dict[str, tuple[list[int], list[float]]]
+Series = dict[int, tuple[list[int], list[float]]]
+"""Per 1-based turn: (env steps, reward means)."""
 
 
 def _read_series(metrics_file: Path) -> tuple[Series, Series]:
@@ -34,20 +33,17 @@ def _read_series(metrics_file: Path) -> tuple[Series, Series]:
                 f"{metrics_file}:{number} is not a metrics entry with an env_step ({error}); "
                 "plot_metrics reads the metrics.jsonl that MetricsLogger writes."
             ) from None
-        for key, value in entry.items():
-            target = (
-                evaluation if _EVAL_KEY.match(key) else train if _TRAIN_KEY.match(key) else None
-            )
-            if target is None or not isinstance(value, (int, float)) or not math.isfinite(value):
-                continue
-            steps, values = target.setdefault(key, ([], []))
-            steps.append(step)
-            values.append(float(value))
+        # Looked up by the names metrics.turn_key builds, never parsed back from the keys; an
+        # entry has fewer turns than keys, which bounds the search.
+        for turn in range(1, len(entry) + 1):
+            for target, prefix in ((train, ""), (evaluation, "eval/")):
+                value = entry.get(turn_key(turn, "reward_mean", prefix))
+                if not isinstance(value, (int, float)) or not math.isfinite(value):
+                    continue
+                steps, values = target.setdefault(turn, ([], []))
+                steps.append(step)
+                values.append(float(value))
     return train, evaluation
-
-
-def _turn(key: str) -> int:
-    return int(re.search(r"turn_(\d+)/", key).group(1))  # type: ignore[union-attr]
 
 
 def plot_metrics(run_dir: str | Path, *, output: str | Path | None = None) -> Path:
@@ -68,20 +64,18 @@ def plot_metrics(run_dir: str | Path, *, output: str | Path | None = None) -> Pa
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     colors = [f"C{i}" for i in range(10)]
-    for key in sorted(train, key=_turn):
-        steps, values = train[key]
-        axes.plot(
-            steps, values, color=colors[(_turn(key) - 1) % 10], label=f"train turn {_turn(key)}"
-        )
-    for key in sorted(evaluation, key=_turn):
-        steps, values = evaluation[key]
+    for turn in sorted(train):
+        steps, values = train[turn]
+        axes.plot(steps, values, color=colors[(turn - 1) % 10], label=f"train turn {turn}")
+    for turn in sorted(evaluation):
+        steps, values = evaluation[turn]
         axes.plot(
             steps,
             values,
-            color=colors[(_turn(key) - 1) % 10],
+            color=colors[(turn - 1) % 10],
             linestyle="--",
             marker="o",
-            label=f"eval turn {_turn(key)}",
+            label=f"eval turn {turn}",
         )
     axes.set_title(f"Mean reward per turn: {run_dir.name}")
     axes.set_xlabel("env_step (joint-action reward evaluations)")

@@ -1,10 +1,11 @@
-"""Rollouts: the one place where the env's task and the policies meet.
+"""Rollouts: the one place where the env and the policies meet.
 
 ``collect_tree`` plays a batch of task items level by level (turn by turn). At each level every
 agent answers every open branch of every item with ONE batched ``generate`` call (G samples per
 branch), and the env scores each item's joint actions with one ``reward_func`` call
-(``Task.step_group``); each joint action that goes on becomes a child branch of the next level.
-Evaluation is the same walk with G = 1: one response per agent per turn.
+(``CoMLRLEnv.step_group``, which applies the env's checks before the pure ``Task.step_group``);
+each joint action that goes on becomes a child branch of the next level. Evaluation is the same
+walk with G = 1: one response per agent per turn.
 """
 
 from __future__ import annotations
@@ -19,9 +20,25 @@ from torch import Tensor
 
 from cmlrl_agents.policy import Completion, SamplingConfig
 from cmlrl_agents.returns import cross_credit, tree_returns
-from cmlrl_env.core import EpisodeState, Outcome, Task
+from cmlrl_env.core import EpisodeState, Outcome
 
-__all__ = ["Policy", "Level", "RolloutTree", "collect_tree", "joint_indices"]
+__all__ = ["GroupStepEnv", "Policy", "Level", "RolloutTree", "collect_tree", "joint_indices"]
+
+
+class GroupStepEnv(Protocol):
+    """What ``collect_tree`` steps: a ``CoMLRLEnv`` (the trainers: its length limits and action
+    checks apply) or its pure core ``Task`` (no limits; demos and tests of the tree itself)."""
+
+    @property
+    def num_turns(self) -> int: ...
+
+    def initial_state(
+        self, item: Mapping[str, Any], item_index: int | None = None
+    ) -> EpisodeState: ...
+
+    def step_group(
+        self, states: Sequence[EpisodeState], joint_actions: Sequence[Sequence[Sequence[str]]]
+    ) -> list[list[Outcome]]: ...
 
 
 class Policy(Protocol):
@@ -126,7 +143,7 @@ class RolloutTree:
 
 
 def collect_tree(
-    task: Task,
+    env: GroupStepEnv,
     agents: Sequence[Policy],
     items: Sequence[tuple[Mapping[str, Any], int | None]],
     *,
@@ -134,14 +151,16 @@ def collect_tree(
     sampling: SamplingConfig,
     joint_mode: str = "aligned",
 ) -> RolloutTree:
-    """Roll out ``items`` through every turn of ``task`` with ``num_generations`` per branch."""
-    if len(agents) != task.num_agents:
-        raise ValueError(f"{len(agents)} agents for a task of {task.num_agents} agents.")
-    tree = RolloutTree(list(items), task.num_agents, num_generations, task.num_turns)
-    joints = joint_indices(task.num_agents, num_generations, joint_mode)
-    states = [task.initial_state(item, index) for item, index in items]
+    """Roll out ``items`` (``(item, index)`` pairs) through every turn of ``env`` with
+    ``num_generations`` per branch, through its public group step only."""
+    states = [env.initial_state(item, index) for item, index in items]
+    num_agents = len(states[0].prompts) if states else len(agents)
+    if len(agents) != num_agents:
+        raise ValueError(f"{len(agents)} agents for a task of {num_agents} agents.")
+    tree = RolloutTree(list(items), num_agents, num_generations, env.num_turns)
+    joints = joint_indices(num_agents, num_generations, joint_mode)
     slots, parents = list(range(len(items))), [-1] * len(items)
-    for turn in range(1, task.num_turns + 1):
+    for turn in range(1, env.num_turns + 1):
         if not states:
             break
         _check_encodable(states, turn)
@@ -149,7 +168,7 @@ def collect_tree(
             agent.generate([s.prompts[a] for s in states], num_generations, sampling)
             for a, agent in enumerate(agents)
         ]
-        outcomes = _step_items(task, states, slots, completions, joints)
+        outcomes = _step_items(env, states, slots, completions, joints)
         tree.levels.append(Level(turn, states, slots, parents, completions, joints, outcomes))
         states, slots, parents = _children(outcomes, slots, len(joints))
     return tree
@@ -174,7 +193,7 @@ def _check_encodable(states: list[EpisodeState], turn: int) -> None:
 
 
 def _step_items(
-    task: Task,
+    env: GroupStepEnv,
     states: list[EpisodeState],
     slots: list[int],
     completions: list[list[list[Completion]]],
@@ -190,7 +209,7 @@ def _step_items(
             [tuple(completions[a][b][g].text for a, g in enumerate(joint)) for joint in joints]
             for b in branches
         ]
-        result = task.step_group([states[b] for b in branches], actions)
+        result = env.step_group([states[b] for b in branches], actions)
         for b, row in zip(branches, result, strict=True):
             outcomes[b] = row
     return outcomes

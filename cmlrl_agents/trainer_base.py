@@ -9,7 +9,6 @@ task items, the evaluation of SPEC §5 and checkpoints live here once.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,9 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.schedules import round_sizes
 from cmlrl_agents.team import build_agents, resolve_num_agents
-from cmlrl_agents.trainer_checks import check_given_env, check_reference_devices
+from cmlrl_agents.trainer_checks import check_given_task, check_reference_devices
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv, TaskSpec
-from cmlrl_env.core import Task
-from cmlrl_env.dataset import enumerate_items
 
 __all__ = ["TeamTrainer"]
 
@@ -68,26 +65,25 @@ class TeamTrainer(RunMixin):
         formatters: Any = None,
         external_transition: Callable[..., Any] | None = None,
         env: CoMLRLEnv | None = None,
+        task: TaskSpec | None = None,
         wandb_config: Mapping[str, Any] | None = None,
         extra_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.args = args
-        n = self.team_size(args, num_agents, agents, formatters, env)
+        n = self.team_size(args, num_agents, agents, formatters, env.spec if env else task)
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
         check_reference_devices(args, n)
-        if env is not None:
-            given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
-            check_given_env(env, args, given)
-            task: Task | None = env.task
-        else:
-            env, task = self._build_env(
-                train_dataset, eval_dataset, formatters, reward_func, reward_processor,
-                external_transition, n,
-            )  # fmt: skip
+        given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
+        self.spec: TaskSpec | None = self._task_spec(env, task, given, eval_dataset, n)
+        """The run's task (None: a trainer that only saves); ``task=`` gives it whole."""
+        if env is None and self.spec is not None and self.spec.dataset is not None:
+            env = CoMLRLEnv.from_spec(self.spec)
         self.env: CoMLRLEnv | None = env
         """None without ``train_dataset``: the trainer can evaluate and save, not train."""
-        self.task: Task | None = task
+        check_eval_dataset(eval_dataset)
+        self.eval_env: CoMLRLEnv | None = self._eval_env(eval_dataset)
+        """The env over ``eval_dataset`` with early termination off (see ``_eval_env``)."""
         self.agents: list[LLMAgent] = build_agents(
             agent_model=agent_model,
             agents=agents,
@@ -96,7 +92,6 @@ class TeamTrainer(RunMixin):
             model_config=model_config,
             devices=devices,
         )
-        check_eval_dataset(eval_dataset)
         self.model_names = [model_name(agent_model or spec) for spec in self.agents]
         self.eval_dataset = eval_dataset
         self.env_step = 0
@@ -129,15 +124,22 @@ class TeamTrainer(RunMixin):
 
     @staticmethod
     def team_size(
-        args: SharedConfig, num_agents: int | None, agents: Any, formatters: Any, env: Any
+        args: SharedConfig,
+        num_agents: int | None,
+        agents: Any,
+        formatters: Any,
+        spec: TaskSpec | None,
     ) -> int:
-        """The team size every given source agrees on (a pure check, before any loading)."""
+        """The team size every given source agrees on (a pure check, before any loading);
+        ``spec`` is the ``task=`` or the ``env=``'s spec."""
+        if spec is not None and not isinstance(spec, TaskSpec):
+            raise TypeError(f"task must be a cmlrl_env.TaskSpec, got {type(spec).__name__}.")
         return resolve_num_agents(
             num_agents=num_agents,
             **{"args.num_agents": args.num_agents},
             agents=None if agents is None else len(agents),
             formatters=len(formatters) if isinstance(formatters, (list, tuple)) else None,
-            env=None if env is None else env.task.num_agents,
+            task=None if spec is None else spec.num_agents,
         )
 
     @property
@@ -166,24 +168,30 @@ class TeamTrainer(RunMixin):
             self.learner.args = value
 
     # -- construction helpers ---------------------------------------------------------------
-    def _build_env(
+    def _task_spec(
         self,
-        dataset: Any,
+        env: CoMLRLEnv | None,
+        task: TaskSpec | None,
+        given: tuple[Any, ...],
         eval_dataset: Any,
-        formatters: Any,
-        reward_func: Any,
-        processor: Any,
-        transition: Any,
         num_agents: int,
-    ) -> tuple[CoMLRLEnv | None, Task | None]:
-        """The env over ``train_dataset``; without one, the task alone (evaluation and saving
-        need no training data, as in comlrl); without a reward either, nothing (saving only)."""
+    ) -> TaskSpec | None:
+        """The one ``TaskSpec`` of the run: ``env.spec``, ``task=``, or built from the seed's
+        keyword arguments; without a reward, None (saving only)."""
+        if env is not None and task is not None:
+            raise ValueError("pass env= or task=, not both (env.spec is the env's task).")
+        if env is not None or task is not None:
+            label = "env" if env is not None else "task"
+            spec = env.spec if env is not None else task
+            check_given_task(spec, self.args, given, label)
+            return spec
+        dataset, formatters, reward_func, processor, transition = given
         if reward_func is None:
             if dataset is not None or eval_dataset is not None:
                 raise ValueError("reward_func is required (or pass env=CoMLRLEnv(...)).")
-            return None, None
+            return None
         # The seed's keyword arguments become the one validated TaskSpec the env takes.
-        spec = TaskSpec(
+        return TaskSpec(
             dataset,
             formatters,
             reward_func,
@@ -193,10 +201,16 @@ class TeamTrainer(RunMixin):
             num_turns=self.args.num_turns,
             early_termination_threshold=self.args.early_termination_threshold,
         )
-        if dataset is None:
-            return None, spec.task()
-        env = CoMLRLEnv.from_spec(spec)
-        return env, env.task
+
+    def _eval_env(self, eval_dataset: Any) -> CoMLRLEnv | None:
+        """The task over ``eval_dataset`` with early termination off: evaluation plays every
+        turn, so custom eval metrics always see ``[agent][item][turn]`` for each turn; the
+        standard metrics still score each item as training's early termination would
+        (``evaluation.eval_values``)."""
+        if eval_dataset is None or self.spec is None:
+            return None
+        spec = self.spec.replace(dataset=eval_dataset, early_termination_threshold=None)
+        return CoMLRLEnv.from_spec(spec)
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -284,14 +298,13 @@ class TeamTrainer(RunMixin):
     def _items_per_batch(self) -> int:
         return 1
 
-    def _dataset(self) -> Dataset | IterableDataset:
-        assert self.env is not None, "train() checks for a train_dataset first"
-        return self.env.source.dataset
+    def _dataset(self) -> Dataset | IterableDataset | None:
+        return None if self.env is None else self.env.spec.dataset
 
     def _prepare_schedule(self) -> None:
         """Give the learner the run's rounds (their item counts), which its learning-rate
         schedule spans; unknown (None) for a stream or without a train_dataset."""
-        data = None if self.env is None else self._dataset()
+        data = self._dataset()
         rounds = None
         if isinstance(data, Dataset):
             size, interval = self._items_per_batch(), self.args.eval_interval
@@ -303,13 +316,13 @@ class TeamTrainer(RunMixin):
         return len(data) * self.args.num_train_epochs if isinstance(data, Dataset) else None
 
     def _batches(self, skip: int) -> Iterator[tuple[int, list[Item]]]:
-        """Batches of the epoch's items in dataset order; a batch never spans an eval point."""
+        """Batches of the epoch's items in dataset order from ``skip`` (the position a resumed
+        run restores); a batch never spans an eval point."""
+        assert self.env is not None, "train() checks for a train_dataset first"
         size, interval = self._items_per_batch(), self.args.eval_interval
         batch: list[Item] = []
         start = skip
-        items = enumerate_items(
-            self._dataset(), skip, name="train_dataset", pass_number=self.epoch + 1
-        )
+        items = self.env.epoch_items(self.epoch + 1, skip, name="train_dataset")
         for index, item in items:
             batch.append((item, index))
             next_index = index + 1
@@ -324,20 +337,10 @@ class TeamTrainer(RunMixin):
         return bool(interval) and position % interval == 0
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _eval_task(self) -> Task:
-        """The task with early termination off: evaluation plays every turn, so custom eval
-        metrics always see ``[agent][item][turn]`` for each turn; the standard metrics still
-        score each item as training's early termination would (``evaluation.eval_values``)."""
-        if self.task.early_termination_threshold is None:
-            return self.task
-        task = copy.copy(self.task)
-        task.early_termination_threshold = None
-        return task
-
     def evaluate_items(self, num_eval_samples: int) -> dict[str, float]:
         """One response per agent per turn (every turn) on the first ``num_eval_samples`` eval
         items."""
-        if self.eval_dataset is None:
+        if self.eval_env is None:
             return {}
         if (
             isinstance(num_eval_samples, bool)
@@ -345,16 +348,13 @@ class TeamTrainer(RunMixin):
             or num_eval_samples < 1
         ):
             raise ValueError(f"num_eval_samples must be a positive int, got {num_eval_samples!r}.")
-        items = list(
-            enumerate_items(
-                self.eval_dataset, 0, limit=num_eval_samples, name="eval_dataset", pass_number=None
-            )
-        )
-        trees, task = [], self._eval_task()
+        env = self.eval_env
+        items = list(env.epoch_items(None, 0, num_eval_samples, name="eval_dataset"))
+        trees = []
         for i in range(0, len(items), self.args.eval_batch_size):
             chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
             trees.append(
-                collect_tree(task, self.agents, chunk, num_generations=1, sampling=self.sampling)
+                collect_tree(env, self.agents, chunk, num_generations=1, sampling=self.sampling)
             )
         metrics = self._eval_metrics(trees)
         metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})
@@ -364,8 +364,8 @@ class TeamTrainer(RunMixin):
     def _eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
         return mean_eval_metrics(
             trees,
-            self.task.early_termination_threshold,
-            self.task.num_turns,
+            self.spec.early_termination_threshold,  # training's, not the eval env's None
+            self.spec.num_turns,
             self.args.discount,
         )
 

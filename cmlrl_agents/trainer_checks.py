@@ -1,4 +1,5 @@
-"""Construction checks of ``TeamTrainer``: a given env against the config, reference devices."""
+"""Construction checks of ``TeamTrainer``: a given env or task against the config, reference
+devices."""
 
 from __future__ import annotations
 
@@ -6,31 +7,32 @@ from typing import Any
 
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
-from cmlrl_env import CoMLRLEnv
+from cmlrl_env import TaskSpec
 
-__all__ = ["check_given_env", "check_reference_devices"]
+__all__ = ["check_given_task", "check_reference_devices"]
 
 
-def check_given_env(env: CoMLRLEnv, args: SharedConfig, given: tuple[Any, ...]) -> None:
-    """A ready ``env=`` is the whole task: refuse task pieces passed beside it, and settings
-    that disagree with the config."""
+def check_given_task(
+    spec: TaskSpec, args: SharedConfig, given: tuple[Any, ...], label: str
+) -> None:
+    """A ready ``env=`` or ``task=`` (``label``) is the whole task: refuse task pieces passed
+    beside it, and settings that disagree with the config."""
     if any(g is not None for g in given):
         raise ValueError(
-            "env= already holds the dataset, formatters, reward_func, "
-            "reward_processor and external_transition; pass them to CoMLRLEnv, "
-            "not to the trainer as well."
+            f"{label}= already holds the dataset, formatters, reward_func, "
+            "reward_processor and external_transition; pass them to "
+            f"{'CoMLRLEnv' if label == 'env' else 'TaskSpec'}, not to the trainer as well."
         )
-    if env.source.item_order != "dataset":
+    if spec.item_order != "dataset":
         raise ValueError(
-            f"env has item_order={env.source.item_order!r}, but trainers read the task items "
-            "in dataset order (SPEC §2); build the env with item_order='dataset' and "
+            f"{label} has item_order={spec.item_order!r}, but trainers read the task items "
+            "in dataset order (SPEC §2); build it with item_order='dataset' and "
             "shuffle the dataset itself (train_dataset.shuffle(seed=42)) for another order."
         )
-    task = env.task
     for name in ("num_turns", "early_termination_threshold"):
-        if getattr(task, name) != getattr(args, name):
+        if getattr(spec, name) != getattr(args, name):
             raise ValueError(
-                f"env has {name}={getattr(task, name)!r} but args.{name}="
+                f"{label} has {name}={getattr(spec, name)!r} but args.{name}="
                 f"{getattr(args, name)!r}; make them equal."
             )
 

@@ -80,7 +80,7 @@ class RunMixin:
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint must share with this trainer to be resumed (see runs.py)."""
         config = self.args.to_dict()
-        data = None if self.env is None else self.env.source.dataset
+        data = None if self.env is None else self.env.spec.dataset
         return {
             "algorithm": self.algorithm,
             "num_agents": self.num_agents,

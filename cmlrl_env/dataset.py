@@ -11,8 +11,11 @@ The order is set by ``item_order`` and the seed of the last ``reset(seed=...)`` 
   ``(seed, pass)``; with no seed the permutation comes from fresh OS entropy.
 
 A seed always restarts the order, so ``reset(seed=s)`` twice plays the same items; a reset
-without a seed continues it. The trainers do not use this order: they read the dataset in its own
-order (SPEC §2).
+without a seed continues it.
+
+The trainers read the same ``TaskSource`` (through ``CoMLRLEnv.epoch_items``) in plain dataset
+order, one epoch at a time (SPEC §2): ``epoch_items(epoch, start)`` is the position a resumed run
+restores (its epoch and the items of it already trained on).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ __all__ = [
     "ITEM_ORDERS",
     "TaskSource",
     "check_seed",
-    "enumerate_items",
     "no_items_error",
     "stream_pass",
 ]
@@ -79,34 +81,12 @@ def stream_pass(
         raise no_items_error(name, pass_number)
 
 
-def enumerate_items(
-    data: Dataset | IterableDataset,
-    skip: int,
-    limit: int | None = None,
-    *,
-    name: str,
-    pass_number: int | None,
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(index, item)`` from ``skip`` (to ``limit``) in dataset order: how trainers read their
-    train and eval items (SPEC §2)."""
-    if isinstance(data, Dataset):
-        stop = len(data) if limit is None else min(limit, len(data))
-        for index in range(skip, stop):
-            yield index, dict(data[index])
-        return
-    # A stream that yields nothing is refused as the env refuses it (empty, or one-shot on a
-    # later pass), instead of silently training on no items.
-    for index, item in enumerate(stream_pass(data, name=name, pass_number=pass_number)):
-        if limit is not None and index >= limit:
-            return
-        if index >= skip:
-            yield index, dict(item)
-
-
 class TaskSource:
-    """Hands out task items of a Hugging Face ``Dataset`` or ``IterableDataset`` (see module doc).
+    """The one owner of dataset -> task item, for the env and the trainers (see module doc).
 
-    ``position`` counts the items handed out since the last ``rewind``.
+    ``next()`` walks the env's order (``item_order``, restarted by ``rewind``); ``position``
+    counts the items it handed out since the last ``rewind``. ``epoch_items`` reads one epoch in
+    dataset order, as the trainers do; it does not move the env's order.
     """
 
     def __init__(
@@ -191,6 +171,34 @@ class TaskSource:
         self.position += 1
         return self._pull()
 
+    def epoch_items(
+        self,
+        epoch: int | None,
+        start: int = 0,
+        limit: int | None = None,
+        *,
+        name: str | None = None,
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(index, item)`` of epoch ``epoch`` (1-based; None for a read outside the epochs,
+        e.g. an evaluation) in dataset order, from index ``start`` (to ``limit``): how trainers
+        read their train and eval items (SPEC §2).
+
+        A stream is read from its beginning on every call (``start`` items skipped); a stream
+        that yields nothing is refused as ``next()`` refuses it (empty, or one-shot on a later
+        epoch), instead of silently training on no items. ``name`` names the dataset in errors.
+        """
+        name = self.name if name is None else name
+        if isinstance(self.dataset, Dataset):
+            stop = len(self.dataset) if limit is None else min(limit, len(self.dataset))
+            for index in range(start, stop):
+                yield index, dict(self.dataset[index])
+            return
+        for index, item in enumerate(stream_pass(self.dataset, name=name, pass_number=epoch)):
+            if limit is not None and index >= limit:
+                return
+            if index >= start:
+                yield index, item
+
     def _map_index(self, position: int, n: int) -> int:
         if self.item_order == "dataset":
             return ((self.seed or 0) + position) % n
@@ -220,9 +228,3 @@ class TaskSource:
             self._stream_index += 1
             return item, index
         raise AssertionError("unreachable: a fresh pass either yields or raises no_items_error")
-
-    def seek(self, position: int) -> None:
-        """Restore the position after ``rewind(self.seed)``: ``position`` items handed out."""
-        self.rewind(self.seed)
-        for _ in range(position):
-            self.next()

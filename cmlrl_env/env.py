@@ -20,7 +20,7 @@ infos; unknown reset options raise. v0 — first release.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,8 +51,14 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     ``env = CoMLRLEnv(dataset, formatters, reward_func)``; ``reset(seed=s)`` restarts the item
     order from ``s`` and each ``reset()`` takes the next item of it (``item_order``, see
     ``cmlrl_env.dataset``); ``options={"index": i}`` pins item ``i`` of a map-style dataset and
-    ``options={"item": {...}}`` plays a given item, neither moving the order. ``env.task`` is the
-    pure core that trainers step in groups (``Task.step_group``).
+    ``options={"item": {...}}`` plays a given item, neither moving the order.
+
+    Trainers use the same env without ``reset``/``step``: ``epoch_items`` reads the dataset in
+    its order, ``initial_state(item)`` starts a branch and ``step_group(states, joint_actions)``
+    plays many joint actions of one item at once (one reward call). Both apply the env's checks
+    (``max_prompt_chars``, ``max_completion_chars``, completion types) and then delegate to the
+    pure core ``env.task`` (``Task.initial_state``, ``Task.step_group``), so the plain loop and
+    training share one code path and one set of errors.
     """
 
     # render_fps is nominal: "human" prints the transcript once per step.
@@ -155,7 +161,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
             self.np_random = np.random.default_rng(seed)
             self.source.rewind(seed)
         item, index = self._pick_item(options)
-        self._state = self.task.initial_state(item, index)
+        self._state = self.initial_state(item, index)
         self._last = None
         self.agents = list(self.possible_agents)
         return self._observe(self._state), self._infos(self._state, None)
@@ -180,7 +186,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         """Play one turn: every live agent's completion, one reward for the joint response."""
         state = self._require_live_state()
         joint = self._joint_action(actions)
-        outcome = self.task.step_group([state], [[joint]])[0][0]
+        outcome = self.step_group([state], [[joint]])[0][0]
         agents = self.agents
         self._last = (joint, outcome)
         if outcome.next_state is not None:
@@ -225,21 +231,65 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
                 f"actions must hold exactly the live agents {self.agents}; unknown: "
                 f"{unknown}, missing: {missing}."
             )
-        for agent in self.agents:
-            text = actions[agent]
-            if not isinstance(text, str):
-                raise TypeError(
-                    f"the action of {agent} must be a completion str, got "
-                    f"{type(text).__name__} {text!r:.80}."
-                )
-            if not self._act_spaces[agent].contains(text):
-                raise ValueError(
-                    f"the action of {agent} has {len(text)} characters, more than "
-                    f"max_completion_chars={self._act_spaces[agent].max_length}."
-                )
-        return tuple(actions[a] for a in self.agents)
+        return tuple(actions[a] for a in self.agents)  # types and lengths: step_group
 
-    def _observe(self, state: EpisodeState) -> dict[str, Obs]:
+    # -- the group step (trainers) ----------------------------------------------------------------
+    @property
+    def num_turns(self) -> int:
+        """The turns of one episode (``spec.num_turns``)."""
+        return self.spec.num_turns
+
+    def epoch_items(
+        self, epoch: int | None = 1, start: int = 0, limit: int | None = None, *, name: str = ""
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(index, item)`` of one epoch in dataset order from ``start`` (to ``limit``), what
+        trainers train and evaluate on (``TaskSource.epoch_items``); the ``reset`` order does
+        not move. ``name`` names the dataset in errors (e.g. ``"train_dataset"``)."""
+        return self.source.epoch_items(epoch, start, limit, name=name or None)
+
+    def initial_state(self, item: Mapping[str, Any], item_index: int | None = None) -> EpisodeState:
+        """The first state of an episode on ``item`` (what ``reset`` starts), its prompts
+        checked against ``max_prompt_chars``."""
+        state = self.task.initial_state(item, item_index)
+        self._check_prompts(state)
+        return state
+
+    def step_group(
+        self, states: Sequence[EpisodeState], joint_actions: Sequence[Sequence[Sequence[str]]]
+    ) -> list[list[Outcome]]:
+        """Play ``joint_actions[b][j]`` (one completion per agent, actor order) from
+        ``states[b]``, all branches of one task item, with one reward call; ``outcomes[b][j]``.
+
+        ``step`` is ``step_group([state], [[joint_action]])``: the completions are checked
+        (str, at most ``max_completion_chars``) and every next state's prompts against
+        ``max_prompt_chars``, with the same errors as the plain loop.
+        """
+        for acts in joint_actions:
+            for action in acts:
+                if isinstance(action, str):
+                    continue  # Task.step_group names the malformed joint action
+                for agent, text in zip(self.possible_agents, action, strict=False):
+                    self._check_completion(agent, text)
+        outcomes = self.task.step_group(states, joint_actions)
+        for row in outcomes:
+            for outcome in row:
+                if outcome.next_state is not None:
+                    self._check_prompts(outcome.next_state)
+        return outcomes
+
+    def _check_completion(self, agent: str, text: object) -> None:
+        if not isinstance(text, str):
+            raise TypeError(
+                f"the action of {agent} must be a completion str, got "
+                f"{type(text).__name__} {text!r:.80}."
+            )
+        if not self._act_spaces[agent].contains(text):
+            raise ValueError(
+                f"the action of {agent} has {len(text)} characters, more than "
+                f"max_completion_chars={self._act_spaces[agent].max_length}."
+            )
+
+    def _check_prompts(self, state: EpisodeState) -> None:
         limit = self.max_prompt_chars
         for agent, prompt in zip(self.possible_agents, state.prompts, strict=True):
             if len(prompt) > limit:
@@ -248,6 +298,8 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
                     f"has {len(prompt)} characters, more than max_prompt_chars={limit}; raise "
                     "max_prompt_chars or shorten the formatter's or transition's prompt."
                 )
+
+    def _observe(self, state: EpisodeState) -> dict[str, Obs]:
         return {
             a: {"prompt": p} if self.dict_observations else p
             for a, p in zip(self.possible_agents, state.prompts, strict=True)

@@ -164,14 +164,7 @@ def check_task(
 
 
 def _first_items(dataset: Any, num_items: int) -> list[tuple[int, dict[str, Any]]]:
-    source = TaskSource(dataset)
-    items: list[tuple[int, dict[str, Any]]] = []
-    for _ in range(num_items):
-        item, index = source.next()
-        if items and index == 0:  # wrapped round: fewer items than num_items
-            break
-        items.append((index, item))
-    return items
+    return list(TaskSource(dataset).epoch_items(1, limit=num_items))
 
 
 def _check_sample_shape(samples: object) -> None:

@@ -321,7 +321,7 @@ def test_chunked_forwards_give_the_same_gradients(tmp_path, cls, cfg_cls, critic
         if rollouts is None:
             items = [(dict(row), i) for i, row in enumerate(length_task(2)["train_dataset"])]
             tree = collect_tree(
-                trainer.task, trainer.agents, items, num_generations=1, sampling=trainer.sampling
+                trainer.env, trainer.agents, items, num_generations=1, sampling=trainer.sampling
             )
             rollouts = trainer.learner.batch(tree)
         # Record the gradients each optimizer would apply (the step frees them afterwards).

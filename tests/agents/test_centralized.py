@@ -96,7 +96,7 @@ def test_the_joint_policy_sees_every_role_and_is_scored_by_the_team_reward(tmp_p
         )
     )
     tree = collect_tree(
-        trainer.task, [script], [(item, 0)], num_generations=2, sampling=SamplingConfig()
+        trainer.env, [script], [(item, 0)], num_generations=2, sampling=SamplingConfig()
     )
     (prompt,), _ = script.calls[0]
     assert writing_tasks.summary_formatter(item) in prompt
@@ -187,7 +187,7 @@ def test_single_agent_grpo_trains_on_the_code_reward(tmp_path) -> None:
     item = code_tasks.humaneval_dataset(["HumanEval/2"])[0]
     script = ScriptedPolicy(lambda prompt, g: f"```python\n{helper}\n{main}```" if g else "")
     tree = collect_tree(
-        trainer.task, [script], [(item, 2)], num_generations=2, sampling=SamplingConfig()
+        trainer.env, [script], [(item, 2)], num_generations=2, sampling=SamplingConfig()
     )
     assert tree.levels[0].rewards.tolist() == [[0.0, 4.0]]
     trainer.train()

@@ -180,10 +180,18 @@ def test_a_seed_restarts_a_one_shot_stream_and_fails_clearly() -> None:
         env.reset(seed=1)
 
 
-def test_seek_restores_the_position_within_the_seeded_order() -> None:
-    source = TaskSource(ten_items())
-    source.rewind(6)
-    for _ in range(3):
-        source.next()
-    source.seek(3)
-    assert source.next()[1] == 9
+def _stream(n: int) -> IterableDataset:
+    return IterableDataset.from_generator(lambda: ({"prompt": f"s{i}"} for i in range(n)))
+
+
+@pytest.mark.parametrize("dataset", [ten_items(), _stream(10)], ids=["map", "stream"])
+def test_epoch_items_read_dataset_order_from_a_position_and_leave_the_reset_order(dataset) -> None:
+    # The trainers' read (SPEC §2) and a resumed run's position: epoch 2 from item 7, to 9.
+    env = env_on(dataset)
+    env.reset(seed=4)
+    assert [(i, item["prompt"][1:]) for i, item in env.epoch_items(2, 7, 9)] == [
+        (7, "7"),
+        (8, "8"),
+    ]
+    assert [i for i, _ in TaskSource(dataset).epoch_items(1)] == list(range(10))
+    assert env.reset()[1]["agent_0"]["item_index"] == 5  # the seeded order went on
