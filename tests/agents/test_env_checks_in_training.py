@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from cmlrl_agents.magrpo import MAGRPOTrainer
 from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.scripted import ScriptedLLMAgent
@@ -56,8 +57,7 @@ def test_a_prompt_over_max_prompt_chars_fails_training_as_it_fails_reset(tmp_pat
     with pytest.raises(ValueError) as caught:
         CoMLRLEnv.from_spec(spec).reset(seed=0)
     assert str(caught.value).startswith(
-        "the prompt of agent_0 at turn 1 of item 0 has 30 characters, more than "
-        "max_prompt_chars=20"
+        "the prompt of agent_0 at turn 1 of item 0 has 30 characters, more than max_prompt_chars=20"
     )
     trainer = MAGRPOTrainer(agents=_agents("ok"), task=spec, args=_config(tmp_path))
     with pytest.raises(ValueError, match=f"^{re.escape(str(caught.value))}$"):
