@@ -38,7 +38,7 @@ from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.reference import frozen_copies
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
-from cmlrl_agents.trainer_base import Item, TeamTrainer
+from cmlrl_agents.trainer_base import IndexedItem, TeamTrainer
 from cmlrl_agents.value_head import ValueModel
 from cmlrl_env import CoMLRLEnv, TaskSpec
 
@@ -229,11 +229,11 @@ class _ActorCriticTrainer(TeamTrainer):
         return finite_metrics(out, "metrics_callback")
 
     # -- rollouts ---------------------------------------------------------------------------------
-    def _items_per_batch(self) -> int:
+    def _items_per_round(self) -> int:
         return self.args.rollout_buffer_size
 
     # -- one round ----------------------------------------------------------------------------
-    def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
+    def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
         args = self.args
         tree = collect_tree(
             self.env,

@@ -155,22 +155,11 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         args = CentralizedMAGRPOConfig() if args is None else args
         if not isinstance(args, CentralizedMAGRPOConfig):
             raise TypeError(f"args must be a CentralizedMAGRPOConfig, got {type(args).__name__}.")
-        if task is not None:  # the team task whole: its pieces go through the joint wrappers
-            given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
-            check_given_task(task, args, given, "task")
-            train_dataset, formatters, reward_func = task.dataset, task.formatters, task.reward_func
-            reward_processor, external_transition = task.reward_processor, task.external_transition
-        if external_transition is not None:
-            raise ValueError(
-                "CentralizedMAGRPOTrainer plays one turn and takes no external_transition; "
-                "drop it (or train the team with MAGRPOTrainer)."
-            )
-        if reward_func is None:
-            raise ValueError("reward_func is required: the team task's reward, one list per role.")
+        given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
+        formatters, reward_func = _team_pieces(task, args, given)
         counted = len(formatters) if isinstance(formatters, (list, tuple)) else None
-        if task is not None:
-            counted = task.num_agents
-        self.num_roles = _resolve_roles(num_roles, args.num_roles, counted)
+        roles = counted if task is None else task.num_agents
+        self.num_roles = _resolve_roles(num_roles, args.num_roles, roles)
         joint = {
             "formatters": JointFormatter(formatters, self.num_roles),
             "reward_func": JointReward(reward_func, self.num_roles, args.parse_failure_reward),
@@ -219,6 +208,26 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         ]
         metrics["parse_rate"] = sum(parsed) / max(len(parsed), 1)
         return metrics
+
+
+def _team_pieces(
+    task: TaskSpec | None, args: CentralizedMAGRPOConfig, given: tuple[Any, ...]
+) -> tuple[Any, Callable[..., Any]]:
+    """The team task's (formatters, reward_func), from ``task=`` (the team task whole, whose
+    pieces go through the joint wrappers) or the keywords; one turn, a reward."""
+    _, formatters, reward_func, _, external_transition = given
+    if task is not None:
+        check_given_task(task, args, given, "task")
+        formatters, reward_func = task.formatters, task.reward_func
+        external_transition = task.external_transition
+    if external_transition is not None:
+        raise ValueError(
+            "CentralizedMAGRPOTrainer plays one turn and takes no external_transition; "
+            "drop it (or train the team with MAGRPOTrainer)."
+        )
+    if reward_func is None:
+        raise ValueError("reward_func is required: the team task's reward, one list per role.")
+    return formatters, reward_func
 
 
 def _resolve_roles(given: int | None, configured: int | None, counted: int | None) -> int:

@@ -141,7 +141,7 @@ def _model_section(section: Any) -> dict[str, Any]:
 def _models(name: str, count: int, model_config: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """Trainer arguments for ``count`` models named ``name``: built-in, hub id or folder."""
     if name == "tiny":
-        from cmlrl_agents.testing import tiny_agent
+        from cmlrl_agents.tiny_models import tiny_agent
 
         keys = ("chat_template", "system_prompt", "device")
         options = {k: model_config[k] for k in keys if k in model_config}

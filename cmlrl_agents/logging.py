@@ -15,11 +15,8 @@ Every trainer reports through one `MetricsLogger`:
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import operator
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,12 @@ from cmlrl_agents.logging_config import (
     jsonable,
     merge_config,
     resolve_verbose,
+)
+from cmlrl_agents.metric_files import (
+    STEP_KEY,
+    atomic_write_text,
+    open_metric_files,
+    rewrite_metric_files,
 )
 from cmlrl_agents.redaction import redact_secrets
 
@@ -64,28 +67,14 @@ def _check_metrics(metrics: Mapping[str, Any], method: str) -> dict[str, float]:
     return values
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    # A crash mid-write must not cost the previous content of metrics/eval files.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _csv_rows(fields: list[str], rows: list[tuple[int, dict[str, float]]], *, header: bool) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    if header:
-        writer.writerow(["env_step", *fields])
-    writer.writerows([step, *(m.get(k, "") for k in fields)] for step, m in rows)
-    return buffer.getvalue()
-
-
 class MetricsLogger:
     """Aggregates, stores and forwards metrics (local files, TensorBoard, optional W&B).
 
     Files in `output_dir` (when given): `config.json`, `metrics.jsonl` (one object per emitted
     entry with `env_step`), `metrics.csv` (columns = union of keys seen so far),
-    `eval-metrics.json` (latest evaluation) and `tensorboard/` (when tensorboard is installed).
+    `eval-metrics.json` (latest evaluation) and `tensorboard/` (when tensorboard is installed);
+    the metric files and TensorBoard are written by stable-baselines3's logger
+    (`cmlrl_agents.metric_files`), whose `record_mean` also averages the entries of an emission.
 
     Resuming: construct as usual, then `load_state_dict(saved)` before logging. The metric files
     are rewritten from the restored history, so entries logged after that checkpoint (which the
@@ -125,9 +114,8 @@ class MetricsLogger:
         self.last_logged_step = 0
         self._pending: list[tuple[int, dict[str, float]]] = []
         self._last_step = 0
-        self._csv_fields: list[str] = []
+        self._files: Any = None  # the SB3 Logger over the metric files, opened at first use
         self._files_ready = False
-        self._tb: Any = None
         self._purge_step: int | None = None
         self._run: Any = None
         self._wandb_run_id: str | None = None
@@ -144,7 +132,7 @@ class MetricsLogger:
         knows whether it resumes that run or replaces it."""
         if self.output_dir is not None:
             text = json.dumps(self.config, indent=2, sort_keys=True)
-            _atomic_write_text(self.output_dir / "config.json", text + "\n")
+            atomic_write_text(self.output_dir / "config.json", text + "\n")
         self._config_written = True
 
     # ---- public API -------------------------------------------------------------------------
@@ -165,16 +153,17 @@ class MetricsLogger:
         """Emit ``metrics`` at once at ``step``, outside the ``logging_steps`` gap (IAC/MAAC's
         ``metrics_callback`` values, logged at rollout collection: SPEC §7)."""
         values = _check_metrics(metrics, "log_now")
-        self._emit(self._advance(step, "log_now"), values)
+        step = self._advance(step, "log_now")
+        self._emit(step, [(step, values)])
 
     def log_eval(self, metrics: Mapping[str, Any], step: int) -> None:
         """Emit evaluation metrics at once and write `eval-metrics.json` (with `env_step`)."""
         values = _check_metrics(metrics, "log_eval")
         step = self._advance(step, "log_eval")
-        self._emit(step, values)
+        self._emit(step, [(step, values)])
         if self.output_dir is not None:
             text = json.dumps({"env_step": step, **values}, indent=2)
-            _atomic_write_text(self.output_dir / "eval-metrics.json", text + "\n")
+            atomic_write_text(self.output_dir / "eval-metrics.json", text + "\n")
         if self.verbose:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items())
             tqdm.write(f"eval @ env_step {step}: {shown}")
@@ -183,16 +172,14 @@ class MetricsLogger:
         """Emit pending training entries (call at the end of training)."""
         if self._pending:
             self._emit_pending()
-        if self._tb:
-            self._tb.flush()
 
     def close(self) -> None:
         """Flush, close TensorBoard and finish the W&B run. Idempotent."""
         if self._closed:
             return
         self.flush()
-        if self._tb:
-            self._tb.close()
+        if self._files is not None:
+            self._files.close()
         if self._run is not None:
             self._run.finish()
         self._closed = True
@@ -235,7 +222,7 @@ class MetricsLogger:
         self._wandb_run_id = state.get("wandb_run_id")
         self._purge_step = self.history[-1][0] + 1 if self.history else None
         if self.output_dir is not None:
-            self._rewrite_metric_files()
+            rewrite_metric_files(self.output_dir, self.history)
             self._files_ready = True
 
     # ---- emission ---------------------------------------------------------------------------
@@ -255,32 +242,42 @@ class MetricsLogger:
         return step
 
     def _emit_pending(self) -> None:
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for _, entry in self._pending:
-            for key, value in entry.items():
-                sums[key] = sums.get(key, 0.0) + value
-                counts[key] = counts.get(key, 0) + 1
         # The current env_step, not the last pending entry's: a flush after an evaluation at a
         # later step must not go back in time (W&B drops decreasing steps).
         step = self._last_step
-        self._pending = []
+        pending, self._pending = self._pending, []
         self.last_logged_step = step
-        self._emit(step, {key: sums[key] / counts[key] for key in sums})
+        self._emit(step, pending)
 
-    def _emit(self, step: int, values: dict[str, float]) -> None:
-        if self.output_dir is not None and not self._files_ready:
-            self._start_files()
+    def _emit(self, step: int, entries: list[tuple[int, dict[str, float]]]) -> None:
+        """Emit the per-key mean of ``entries`` (SB3's ``record_mean``) at ``step``."""
+        files = self._metric_files()
+        files.record(STEP_KEY, step, exclude="tensorboard")  # the first field and column
+        for _, entry in entries:
+            for key, value in entry.items():
+                files.record_mean(key, value)
+        values = {k: float(v) for k, v in files.name_to_value.items() if k != STEP_KEY}
         self.history.append((step, values))
-        if self.output_dir is not None:
-            self._append_to_files(step, values)
-            self._write_tensorboard(step, values)
+        files.dump(step)  # without an output_dir there are no formats: this clears the record
         if self._wandb_cfg is not None:
             self._wandb().log(values, step=step)
+
+    def _metric_files(self) -> Any:
+        if self._files is None:
+            if self.output_dir is None:
+                from stable_baselines3.common.logger import Logger
+
+                self._files = Logger(None, [])  # aggregation only
+            else:
+                if not self._files_ready:
+                    self._start_files()
+                self._files = open_metric_files(self.output_dir, self._purge_step)
+        return self._files
 
     # ---- local files ------------------------------------------------------------------------
 
     def _start_files(self) -> None:
+        """Move an earlier run's metric files aside (SB3 has no such step: ours)."""
         assert self.output_dir is not None
         if not self._config_written:
             self.write_config()
@@ -293,44 +290,6 @@ class MetricsLogger:
                 if path.exists():
                     path.rename(self.output_dir / f"metrics.{n}{path.suffix}")
         self._files_ready = True
-
-    def _rewrite_metric_files(self) -> None:
-        assert self.output_dir is not None
-        self._csv_fields = list(dict.fromkeys(k for _, m in self.history for k in m))
-        lines = "".join(json.dumps({"env_step": s, **m}) + "\n" for s, m in self.history)
-        _atomic_write_text(self.output_dir / "metrics.jsonl", lines)
-        csv_text = _csv_rows(self._csv_fields, self.history, header=True)
-        _atomic_write_text(self.output_dir / "metrics.csv", csv_text)
-
-    def _append_to_files(self, step: int, values: dict[str, float]) -> None:
-        assert self.output_dir is not None
-        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"env_step": step, **values}) + "\n")
-        new_keys = [k for k in values if k not in self._csv_fields]
-        if new_keys:
-            # The header changes: rewrite the CSV from history so every row has every column.
-            self._csv_fields += new_keys
-            csv_text = _csv_rows(self._csv_fields, self.history, header=True)
-            _atomic_write_text(self.output_dir / "metrics.csv", csv_text)
-        else:
-            with open(self.output_dir / "metrics.csv", "a", encoding="utf-8") as f:
-                f.write(_csv_rows(self._csv_fields, [(step, values)], header=False))
-
-    def _write_tensorboard(self, step: int, values: dict[str, float]) -> None:
-        assert self.output_dir is not None
-        if self._tb is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is an optional extra
-                self._tb = False
-                return
-            # purge_step hides events a crashed segment wrote after the restored history.
-            tb_dir = str(self.output_dir / "tensorboard")
-            self._tb = SummaryWriter(tb_dir, purge_step=self._purge_step)
-        if self._tb:
-            for key, value in values.items():
-                self._tb.add_scalar(key, value, global_step=step)
-            self._tb.flush()
 
     # ---- W&B --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from cmlrl_agents.magrpo_config import (
 )
 from cmlrl_agents.policy_gradient import PolicyGradientLearner, Sample, agent_samples
 from cmlrl_agents.rollout import RolloutTree, collect_tree
-from cmlrl_agents.trainer_base import Item, TeamTrainer
+from cmlrl_agents.trainer_base import IndexedItem, TeamTrainer
 from cmlrl_agents.tree_plot import save_rollout_tree
 from cmlrl_agents.tree_view import rollout_tree_view
 from cmlrl_env import CoMLRLEnv, TaskSpec
@@ -119,7 +119,7 @@ class MAGRPOTrainer(TeamTrainer):
         n = self.args.eval_num_samples if num_eval_samples is None else num_eval_samples
         return self.evaluate_items(n)
 
-    def _items_per_batch(self) -> int:
+    def _items_per_round(self) -> int:
         return self.args.rollout_buffer_size
 
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
@@ -143,7 +143,7 @@ class MAGRPOTrainer(TeamTrainer):
         )
 
     # -- one round ----------------------------------------------------------------------------
-    def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
+    def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
         args = self.args
         tree = collect_tree(
             self.env,

@@ -1,6 +1,6 @@
 """What every trainer shares: the team, the env, the training loop, evaluation, logging, saving.
 
-The trainer is the loop: collect a round's rollouts (``_train_batch``), hand them to its
+The trainer is the loop: collect a round's rollouts (``_train_round``), hand them to its
 ``learner`` (an object with a public ``update(batch) -> metrics`` that holds the optimizers and
 reference models, see :mod:`cmlrl_agents.policy_gradient` and
 :mod:`cmlrl_agents.actor_critic_learner`), log, evaluate and checkpoint. The schedule counted in
@@ -35,7 +35,9 @@ from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = ["TeamTrainer"]
 
-Item = tuple[Mapping[str, Any], int | None]
+IndexedItem = tuple[Mapping[str, Any], int | None]
+"""A task item and its index in the dataset (None for a given item), as ``collect_tree`` takes
+it."""
 
 
 class TeamTrainer(RunMixin):
@@ -267,10 +269,10 @@ class TeamTrainer(RunMixin):
         progress.update(self.items_seen)
         last: dict[str, float] = {}
         while self.epoch < self.args.num_train_epochs:
-            for start, items in self._batches(self.epoch_position):
+            for start, items in self._rounds(self.epoch_position):
                 if self._eval_due(start):
                     self.evaluate_items(self.args.eval_num_samples)
-                last, steps = self._train_batch(items)
+                last, steps = self._train_round(items)
                 self.env_step += steps
                 self.items_seen += len(items)
                 self.epoch_position += len(items)
@@ -292,10 +294,10 @@ class TeamTrainer(RunMixin):
         """Flush the metric files and finish the W&B run (nothing else ends it)."""
         self.logger.close()
 
-    def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
+    def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
         raise NotImplementedError
 
-    def _items_per_batch(self) -> int:
+    def _items_per_round(self) -> int:
         return 1
 
     def _dataset(self) -> Dataset | IterableDataset | None:
@@ -307,7 +309,7 @@ class TeamTrainer(RunMixin):
         data = self._dataset()
         rounds = None
         if isinstance(data, Dataset):
-            size, interval = self._items_per_batch(), self.args.eval_interval
+            size, interval = self._items_per_round(), self.args.eval_interval
             rounds = list(round_sizes(len(data), size, interval)) * self.args.num_train_epochs
         self.learner.schedule(rounds)
 
@@ -315,22 +317,22 @@ class TeamTrainer(RunMixin):
         data = self._dataset()
         return len(data) * self.args.num_train_epochs if isinstance(data, Dataset) else None
 
-    def _batches(self, skip: int) -> Iterator[tuple[int, list[Item]]]:
-        """Batches of the epoch's items in dataset order from ``skip`` (the position a resumed
-        run restores); a batch never spans an eval point."""
+    def _rounds(self, skip: int) -> Iterator[tuple[int, list[IndexedItem]]]:
+        """The epoch's rounds (lists of ``IndexedItem``) in dataset order from ``skip`` (the
+        position a resumed run restores); a round never spans an eval point."""
         assert self.env is not None, "train() checks for a train_dataset first"
-        size, interval = self._items_per_batch(), self.args.eval_interval
-        batch: list[Item] = []
+        size, interval = self._items_per_round(), self.args.eval_interval
+        round_items: list[IndexedItem] = []
         start = skip
         items = self.env.epoch_items(self.epoch + 1, skip, name="train_dataset")
         for index, item in items:
-            batch.append((item, index))
+            round_items.append((item, index))
             next_index = index + 1
-            if len(batch) == size or (interval and next_index % interval == 0):
-                yield start, batch
-                start, batch = next_index, []
-        if batch:
-            yield start, batch
+            if len(round_items) == size or (interval and next_index % interval == 0):
+                yield start, round_items
+                start, round_items = next_index, []
+        if round_items:
+            yield start, round_items
 
     def _eval_due(self, position: int) -> bool:
         interval = self.args.eval_interval

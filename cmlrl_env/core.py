@@ -31,13 +31,16 @@ DEFAULT_EARLY_TERMINATION_THRESHOLD = -0.2
 class EpisodeState:
     """One branch of an episode before its next turn.
 
+    ``turns_played`` counts the turns already played (0 before the first), so the turn about to
+    be played is ``turns_played + 1``: every turn *number* in this project (``Level.turn``,
+    ``Sample.turn``, the metric names ``turn_k/...``) is 1-based, and this count is not one.
     ``prompt_history[agent]`` holds the prompts shown so far including the current one;
     ``response_history[agent]`` the completions given (one fewer).
     """
 
     item: Mapping[str, Any]
     item_index: int | None
-    turn: int
+    turns_played: int
     prompts: tuple[str, ...]
     prompt_history: tuple[tuple[str, ...], ...]
     response_history: tuple[tuple[str, ...], ...]
@@ -126,7 +129,7 @@ class Task:
         return EpisodeState(
             item=item,
             item_index=item_index,
-            turn=0,
+            turns_played=0,
             prompts=prompts,
             prompt_history=tuple((p,) for p in prompts),
             response_history=((),) * self.num_agents,
@@ -166,7 +169,7 @@ class Task:
         self, state: EpisodeState, action: tuple[str, ...], reward: float, raw: float
     ) -> Outcome:
         threshold = self.early_termination_threshold
-        last_turn = state.turn + 1 >= self.num_turns
+        last_turn = state.turns_played + 1 >= self.num_turns
         terminated = last_turn or (threshold is not None and reward > threshold)
         next_state = None if terminated else self._advance(state, action)
         return Outcome(reward, raw, terminated, next_state)
@@ -190,7 +193,7 @@ class Task:
         return EpisodeState(
             item=state.item,
             item_index=state.item_index,
-            turn=state.turn + 1,
+            turns_played=state.turns_played + 1,
             prompts=prompts,
             prompt_history=tuple(
                 h + (p,) for h, p in zip(state.prompt_history, prompts, strict=True)
@@ -215,7 +218,7 @@ class Task:
                     f"states[{b}] holds item {state.item_index}, not "
                     f"{first.item_index}; call it once per item."
                 )
-            if state.turn >= self.num_turns:
+            if state.turns_played >= self.num_turns:
                 raise ValueError(f"states[{b}] already played all {self.num_turns} turn(s).")
             if not acts:
                 raise ValueError(f"joint_actions[{b}] is empty; give at least one joint action.")
@@ -239,7 +242,7 @@ class Task:
             self._warned_collapse
             or self.num_turns == 1
             or self.early_termination_threshold != DEFAULT_EARLY_TERMINATION_THRESHOLD
-            or any(s.turn != 0 for s in states)
+            or any(s.turns_played != 0 for s in states)
             or not all(o.terminated for row in outcomes for o in row)
         ):
             return

@@ -194,7 +194,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         else:
             self._state = dataclasses.replace(
                 state,
-                turn=state.turn + 1,
+                turns_played=state.turns_played + 1,
                 response_history=tuple(
                     h + (a,) for h, a in zip(state.response_history, joint, strict=True)
                 ),
@@ -294,9 +294,10 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         for agent, prompt in zip(self.possible_agents, state.prompts, strict=True):
             if len(prompt) > limit:
                 raise ValueError(
-                    f"the prompt of {agent} at turn {state.turn + 1} of item {state.item_index} "
-                    f"has {len(prompt)} characters, more than max_prompt_chars={limit}; raise "
-                    "max_prompt_chars or shorten the formatter's or transition's prompt."
+                    f"the prompt of {agent} at turn {state.turns_played + 1} of item "
+                    f"{state.item_index} has {len(prompt)} characters, more than "
+                    f"max_prompt_chars={limit}; raise max_prompt_chars or shorten the "
+                    "formatter's or transition's prompt."
                 )
 
     def _observe(self, state: EpisodeState) -> dict[str, Obs]:
@@ -309,7 +310,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         # The same keys and types at reset and every step: consumers such as TorchRL build their
         # info spec from the reset infos.
         info = {
-            "turn": state.turn,
+            "turn": state.turns_played,  # infos["turn"]: the turns played (v1 contract)
             "item_index": GIVEN_ITEM_INDEX if state.item_index is None else state.item_index,
             "raw_reward": 0.0 if outcome is None else float(outcome.raw_reward),
         }
@@ -334,7 +335,7 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     def _render_text(self) -> str:
         if self._state is None:
             return "(not reset)"
-        header = f"item {self._state.item_index} · turn {self._state.turn}/{self.task.num_turns}"
+        header = f"item {self._state.item_index} · turn {self._state.turns_played}/{self.num_turns}"
         if self._last is not None:
             joint, outcome = self._last
             header += f" · reward {outcome.reward:.4g}"

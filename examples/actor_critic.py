@@ -33,7 +33,7 @@ def models(tiny: bool, algo: str, iac_critic: str) -> dict[str, Any]:
     separate = algo == "maac" or (algo == "iac" and iac_critic == "separate")
     count = 1 if algo == "maac" else 2
     if tiny:
-        from cmlrl_agents.testing import tiny_agent
+        from cmlrl_agents.tiny_models import tiny_agent
 
         parts: dict[str, Any] = {
             "agents": [tiny_agent(seed=0, eos_bias=3.0), tiny_agent(seed=1, eos_bias=3.0)]

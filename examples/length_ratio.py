@@ -25,7 +25,7 @@ from cmlrl_env import tasks
 
 def build_agents(tiny: bool) -> dict:
     if tiny:
-        from cmlrl_agents.testing import tiny_agent
+        from cmlrl_agents.tiny_models import tiny_agent
 
         return {"agents": [tiny_agent(seed=0), tiny_agent(seed=1)]}
     from cmlrl_agents import smollm2_path

@@ -160,8 +160,8 @@ def test_branch_states_are_immutable_and_independent() -> None:
     task = two_turn_env().task
     root = task.initial_state({"prompt": "p"}, None)
     a, b = (o.next_state for o in task.step_group([root], [TURN_1])[0])
-    assert root.turn == 0 and root.response_history == ((), ())
+    assert root.turns_played == 0 and root.response_history == ((), ())
     assert a.response_history == (("short",), ("a much longer answer",))
     assert b.response_history == (("tiny",), ("tin",))
     with pytest.raises(AttributeError):
-        a.turn = 5  # type: ignore[misc]
+        a.turns_played = 5  # type: ignore[misc]
