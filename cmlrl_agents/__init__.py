@@ -17,6 +17,7 @@ from cmlrl_agents.magrpo_config import (
     MAReMaxConfig,
     MARLOOConfig,
 )
+from cmlrl_agents.marlhf import MARLHFTrainer
 from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, smollm2_path
 from cmlrl_agents.policy_gradient import PolicyGradientLearner
 from cmlrl_agents.preference_config import (
@@ -26,6 +27,7 @@ from cmlrl_agents.preference_config import (
     MARLHFIterConfig,
 )
 from cmlrl_agents.preference_pairs import PreferencePair, load_pairs, save_pairs
+from cmlrl_agents.reward_model import PreferenceRewardModel
 from cmlrl_agents.scripted import ScriptedLLMAgent, ScriptedPolicy
 from cmlrl_agents.tree_plot import draw_rollout_tree, save_rollout_tree, write_tree_html
 from cmlrl_agents.tree_view import TreeNode, TreeView, rollout_tree_view
@@ -51,6 +53,8 @@ __all__ = [
     "MADPOTrainer",
     "MARLHFConfig",
     "MARLHFIterConfig",
+    "MARLHFTrainer",
+    "PreferenceRewardModel",
     "PreferencePair",
     "load_pairs",
     "save_pairs",
