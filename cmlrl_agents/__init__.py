@@ -26,6 +26,7 @@ from cmlrl_agents.preference_config import (
     MARLHFConfig,
     MARLHFIterConfig,
 )
+from cmlrl_agents.preference_judge import LLMJudge
 from cmlrl_agents.preference_pairs import PreferencePair, load_pairs, save_pairs
 from cmlrl_agents.reward_model import PreferenceRewardModel
 from cmlrl_agents.scripted import ScriptedLLMAgent, ScriptedPolicy
@@ -48,6 +49,7 @@ __all__ = [
     "ValueHead",
     "ValueModel",
     "LLMAgent",
+    "LLMJudge",
     "MADPOConfig",
     "MADPOIterConfig",
     "MADPOTrainer",

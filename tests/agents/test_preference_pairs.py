@@ -139,3 +139,22 @@ def test_not_json_empty_and_missing_files(tmp_path):
         load_pairs(tmp_path / "e.jsonl", AGENTS)
     with pytest.raises(FileNotFoundError, match="check pairs_file"):
         load_pairs(tmp_path / "missing.jsonl", AGENTS)
+
+
+def test_an_llm_judge_is_antisymmetric_and_matches_its_log_probs():
+    from cmlrl_agents.preference_judge import LLMJudge
+    from cmlrl_agents.testing import tiny_agent
+
+    agent = tiny_agent(seed=3)
+    judge = LLMJudge(agent)
+    a, b, item = ["short", "long answer"], ["x", "y"], {"prompt": "Describe"}
+    assert judge(a, b, item) == -judge(b, a, item) != 0
+    assert judge.margin(a, b, item) == pytest.approx(-judge.margin(b, a, item), abs=1e-6)
+    # By hand from the agent's own scoring of the answers "A" and "B".
+    prompts = agent.encode_prompts([judge.prompt(a, b, item), judge.prompt(b, a, item)])
+    rows = [prompts[0], prompts[0], prompts[1], prompts[1]]
+    answers = [judge.label_ids[0], judge.label_ids[1]] * 2
+    lp = agent.logprobs(rows, answers).sum(dim=1).tolist()
+    assert judge.margin(a, b, item) == pytest.approx((lp[0] - lp[1]) - (lp[2] - lp[3]), abs=1e-5)
+    labeler = PairLabeler(selection="all", judge=judge, name="comparator LLMJudge")
+    assert labeler.label([tuple(a), tuple(b)], [0.0, 0.0], item, "item 0") in ([(0, 1)], [(1, 0)])
