@@ -94,7 +94,7 @@ class PreferenceRewardModel:
 
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForSequenceClassification.from_pretrained(
-            name_or_path, num_labels=1, torch_dtype=torch.float32
+            name_or_path, num_labels=1, dtype=torch.float32
         )
         return cls(model, tokenizer, device=device, **kwargs)
 
