@@ -4,6 +4,7 @@ from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.actor_critic_learner import ActorCriticBatch, ActorCriticLearner
 from cmlrl_agents.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from cmlrl_agents.madpo import MADPOTrainer
 from cmlrl_agents.magrpo import (
     MAGRPOTrainer,
     MAREINFORCETrainer,
@@ -16,8 +17,18 @@ from cmlrl_agents.magrpo_config import (
     MAReMaxConfig,
     MARLOOConfig,
 )
+from cmlrl_agents.marlhf import MARLHFTrainer
 from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, smollm2_path
 from cmlrl_agents.policy_gradient import PolicyGradientLearner
+from cmlrl_agents.preference_config import (
+    MADPOConfig,
+    MADPOIterConfig,
+    MARLHFConfig,
+    MARLHFIterConfig,
+)
+from cmlrl_agents.preference_judge import LLMJudge
+from cmlrl_agents.preference_pairs import PreferencePair, load_pairs, save_pairs
+from cmlrl_agents.reward_model import PreferenceRewardModel
 from cmlrl_agents.scripted import ScriptedLLMAgent, ScriptedPolicy
 from cmlrl_agents.tree_plot import draw_rollout_tree, save_rollout_tree, write_tree_html
 from cmlrl_agents.tree_view import TreeNode, TreeView, rollout_tree_view
@@ -38,6 +49,17 @@ __all__ = [
     "ValueHead",
     "ValueModel",
     "LLMAgent",
+    "LLMJudge",
+    "MADPOConfig",
+    "MADPOIterConfig",
+    "MADPOTrainer",
+    "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLHFTrainer",
+    "PreferenceRewardModel",
+    "PreferencePair",
+    "load_pairs",
+    "save_pairs",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

@@ -17,7 +17,13 @@ from cmlrl_agents.losses import kl_k3
 from cmlrl_agents.metrics import turn_key
 from cmlrl_agents.tokens import TokenBatch, sequence_logprobs
 
-__all__ = ["frozen_copies", "reference_kl", "kl_turn_stats", "kl_turn_means"]
+__all__ = [
+    "frozen_copies",
+    "reference_kl",
+    "reference_logprobs",
+    "kl_turn_stats",
+    "kl_turn_means",
+]
 
 
 def frozen_copies(
@@ -45,6 +51,14 @@ def reference_kl(
         ref_device = next(reference.parameters()).device
         ref = sequence_logprobs(reference, batch.to(ref_device)).to(logprobs.device)
     return kl_k3(logprobs, ref, batch.completion_mask)
+
+
+def reference_logprobs(reference: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """``[B, L]`` token log-probs of ``batch`` under the frozen reference (no gradient), on the
+    reference's device; the one place a learner other than the KL term reads the reference."""
+    with torch.no_grad():
+        ref_device = next(reference.parameters()).device
+        return sequence_logprobs(reference, batch.to(ref_device))
 
 
 KL_METRICS = ("reference_kl_mean", "reference_kl_penalty_mean")

@@ -9,7 +9,15 @@ from cmlrl_agents.tiny_models import (
     TINY_EOS_ID,
     tiny_agent,
     tiny_model,
+    tiny_reward_model,
     tiny_tokenizer,
 )
 
-__all__ = ["TINY_CHAT_TEMPLATE", "TINY_EOS_ID", "tiny_agent", "tiny_model", "tiny_tokenizer"]
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "TINY_EOS_ID",
+    "tiny_agent",
+    "tiny_model",
+    "tiny_reward_model",
+    "tiny_tokenizer",
+]

@@ -15,7 +15,14 @@ from torch import Tensor, nn
 
 from cmlrl_agents.policy import LLMAgent
 
-__all__ = ["TINY_CHAT_TEMPLATE", "TINY_EOS_ID", "tiny_agent", "tiny_model", "tiny_tokenizer"]
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "TINY_EOS_ID",
+    "tiny_agent",
+    "tiny_model",
+    "tiny_reward_model",
+    "tiny_tokenizer",
+]
 
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_EOS_ID = 2
@@ -124,3 +131,24 @@ def tiny_agent(seed: int = 0, *, eos_bias: float = 0.0, **agent_kwargs: object) 
     on); ``agent_kwargs`` go to :class:`LLMAgent`."""
     tokenizer = tiny_tokenizer()
     return LLMAgent(tiny_model(len(tokenizer), seed, eos_bias=eos_bias), tokenizer, **agent_kwargs)
+
+
+def tiny_reward_model(vocab_size: int, seed: int = 0, *, hidden_size: int = 32) -> nn.Module:
+    """A randomly initialised ``LlamaForSequenceClassification`` with one output (a reward
+    model), ``pad_token_id`` = :data:`TINY_EOS_ID` as in :func:`tiny_tokenizer`."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        num_labels=1,
+        pad_token_id=TINY_EOS_ID,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForSequenceClassification(config).eval()

@@ -1,4 +1,4 @@
-"""Every python block of the env-side guides runs, top to bottom, in one namespace per guide."""
+"""Every python block of the guides (env, tasks, preference) runs, in one namespace per guide."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def python_blocks(text: str) -> list[str]:
 
 
 # The minimum block counts catch a guide whose fences stopped matching (then nothing would run).
-@pytest.mark.parametrize(("guide", "min_blocks"), [("env.md", 10), ("tasks.md", 7)])
+@pytest.mark.parametrize(
+    ("guide", "min_blocks"), [("env.md", 10), ("tasks.md", 7), ("preference.md", 5)]
+)
 def test_guide_python_blocks_run(guide: str, min_blocks: int) -> None:
     blocks = python_blocks((DOCS / guide).read_text(encoding="utf-8"))
     assert len(blocks) >= min_blocks

@@ -1,0 +1,103 @@
+"""The reward model learned from preferences: Bradley-Terry, held-out accuracy, reward_func use."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer, PreferencePair, PreferenceRewardModel
+from cmlrl_agents.reward_model import joint_text, split_pairs
+from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_reward_model, tiny_tokenizer
+from cmlrl_env import tasks
+
+
+def reward_model(seed: int = 0) -> PreferenceRewardModel:
+    tokenizer = tiny_tokenizer()
+    return PreferenceRewardModel(tiny_reward_model(len(tokenizer), seed), tokenizer, device="cpu")
+
+
+def synthetic_pairs(n: int, seed: int) -> list[PreferencePair]:
+    """The first agent's response ends in " good" when chosen and " bad" when rejected, after
+    random filler; the second agent's responses are noise."""
+    rng = random.Random(seed)
+
+    def filler() -> str:
+        return "".join(rng.choice("xyzuvw ") for _ in range(rng.randint(3, 8)))
+
+    return [
+        PreferencePair(
+            ("p", "p"),
+            (filler() + " good", filler()),
+            (filler() + " bad", filler()),
+            item={"prompt": f"task {i}"},
+        )
+        for i in range(n)
+    ]
+
+
+def test_joint_text_by_hand():
+    text = joint_text(["hi", "yo"], {"prompt": "Say"})
+    assert text == "Task: Say\n\nAgent 1 response:\nhi\n\nAgent 2 response:\nyo"
+    assert joint_text(["a"], None) == "Agent 1 response:\na"
+
+
+def test_split_is_seeded_and_disjoint():
+    pairs = synthetic_pairs(10, 0)
+    train, held = split_pairs(pairs, 0.2, seed=3)
+    assert (len(train), len(held)) == (8, 2)
+    assert split_pairs(pairs, 0.2, seed=3) == (train, held)
+    assert not {id(p) for p in train} & {id(p) for p in held}
+
+
+def test_held_out_accuracy_rises_well_above_chance():
+    model = reward_model()
+    train, held = synthetic_pairs(90, seed=1), synthetic_pairs(40, seed=2)
+    metrics = model.fit(train, held, learning_rate=3e-3, epochs=3, batch_size=8, seed=0)
+    assert metrics["reward_model/eval_accuracy"] >= 0.9
+    assert (
+        metrics["reward_model/eval_accuracy"] - metrics["reward_model/eval_accuracy_before"] >= 0.3
+    )
+    assert metrics["reward_model/eval_pairs"] == 40 and metrics["reward_model/train_pairs"] == 90
+
+
+def test_as_a_reward_func_it_scores_joint_texts_without_gradients():
+    model = reward_model()
+    item = {"prompt": "task"}
+    rewards = model(["a good", "b bad"], ["x", "y"], batch_items=[item])
+    expected = model.score([joint_text(["a good", "x"], item), joint_text(["b bad", "y"], item)])
+    assert rewards == pytest.approx(expected.tolist())
+    assert all(isinstance(r, float) for r in rewards)
+
+
+def test_a_trainer_uses_it_and_never_moves_or_updates_it(tmp_path):
+    model = reward_model().freeze()
+    before = copy.deepcopy(model.model.state_dict())
+    train, _ = tasks.length_ratio_splits()
+    trainer = MAGRPOTrainer(
+        agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
+        formatters=[tasks.brief_formatter, tasks.detailed_formatter],
+        reward_func=model,
+        train_dataset=train,
+        args=MAGRPOConfig(
+            num_generations=2, max_new_tokens=4, eval_interval=0, output_dir=str(tmp_path)
+        ),
+    )
+    trainer.train()
+    assert model.device == torch.device("cpu")
+    assert all(torch.equal(v, before[k]) for k, v in model.model.state_dict().items())
+    assert all(not p.requires_grad for p in model.model.parameters())
+
+
+def test_device_defaults_to_cuda_only_when_there_is_one():
+    tokenizer = tiny_tokenizer()
+    model = PreferenceRewardModel(tiny_reward_model(len(tokenizer)), tokenizer)
+    assert model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_a_model_with_more_than_one_output_is_refused():
+    tokenizer = tiny_tokenizer()
+    with pytest.raises(ValueError, match="num_labels=1"):
+        PreferenceRewardModel(tiny_model(len(tokenizer)), tokenizer)
