@@ -67,7 +67,7 @@ class MADPOTrainer(PreferenceTrainer):
         args = MADPOConfig() if args is None else args
         if not isinstance(args, MADPOConfig):
             raise TypeError(f"args must be a MADPOConfig, got {type(args).__name__}.")
-        task_reward = reward_func if env is None else env.task.reward
+        task_reward = reward_func if env is None else env.spec.reward_func
         check_sources(task_reward, preference_func, comparator, pairs_file, eval_dataset)
         needs_env = env is None and train_dataset is not None and reward_func is None
         super().__init__(

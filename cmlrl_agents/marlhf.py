@@ -44,34 +44,18 @@ from cmlrl_agents.preference_trainer import PreferenceTrainer, check_sources, no
 from cmlrl_agents.reward_model import PreferenceRewardModel, split_pairs
 from cmlrl_agents.trainer_base import TeamTrainer
 from cmlrl_agents.trainer_runs import resume_target, train_kwargs_error
-from cmlrl_env import TaskSpec
-from cmlrl_env.core import Task
+from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = ["MARLHFTrainer", "RL_TRAINERS"]
 
 
-class TaskRewardEval:
-    """Mixin: evaluate with ``eval_task`` (the task reward), train with ``task`` (learned)."""
-
-    eval_task: Task | None = None
-
-    def _eval_task(self) -> Task:
-        task = copy.copy(self.eval_task if self.eval_task is not None else self.task)
-        task.early_termination_threshold = None
-        return task
-
-
-def _on_learned_reward(base: type[TeamTrainer]) -> type[TeamTrainer]:
-    return type(f"{base.__name__}OnLearnedReward", (TaskRewardEval, base), {})
-
-
 RL_TRAINERS: dict[str, tuple[type[TeamTrainer], type]] = {
-    "magrpo": (_on_learned_reward(MAGRPOTrainer), MAGRPOConfig),
-    "mareinforce": (_on_learned_reward(MAREINFORCETrainer), MAREINFORCEConfig),
-    "maremax": (_on_learned_reward(MAReMaxTrainer), MAReMaxConfig),
-    "marloo": (_on_learned_reward(MARLOOTrainer), MARLOOConfig),
-    "iac": (_on_learned_reward(IACTrainer), IACConfig),
-    "maac": (_on_learned_reward(MAACTrainer), MAACConfig),
+    "magrpo": (MAGRPOTrainer, MAGRPOConfig),
+    "mareinforce": (MAREINFORCETrainer, MAREINFORCEConfig),
+    "maremax": (MAReMaxTrainer, MAReMaxConfig),
+    "marloo": (MARLOOTrainer, MARLOOConfig),
+    "iac": (IACTrainer, IACConfig),
+    "maac": (MAACTrainer, MAACConfig),
 }
 """The RL phase's trainer and config class by ``rl_algorithm``."""
 
@@ -183,17 +167,18 @@ class MARLHFTrainer(PreferenceTrainer):
             args=rl_args,
             **kw,
         )
-        if reward is not None:  # evaluation scores with the task reward
+        if reward is not None and evaluation is not None:
+            # The RL trainer learns on the reward model; its evaluation scores with the task
+            # reward, early termination off as every trainer's evaluation env.
             spec = TaskSpec(
-                None,
+                evaluation,
                 formatters,
                 reward,
                 reward_processor=processor,
                 num_agents=self.num_agents,
                 num_turns=rl_args.num_turns,
-                early_termination_threshold=rl_args.early_termination_threshold,
             )
-            trainer.eval_task = spec.task()
+            trainer.eval_env = CoMLRLEnv.from_spec(spec)
         return trainer
 
     # -- the phases -------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from cmlrl_agents.preference_pairs import (
 from cmlrl_agents.rollout import collect_tree
 from cmlrl_agents.runs import dataset_fingerprint
 from cmlrl_agents.trainer_base import TeamTrainer
-from cmlrl_env.dataset import enumerate_items
 
 __all__ = ["PreferenceTrainer", "no_task_reward"]
 
@@ -126,15 +125,13 @@ class PreferenceTrainer(TeamTrainer):
         args, size = self.args, self.args.rollout_buffer_size
         items = [
             (item, index)
-            for index, item in enumerate_items(
-                self._dataset(), 0, name="train_dataset", pass_number=round_index + 1
-            )
+            for index, item in self.env.epoch_items(round_index + 1, 0, name="train_dataset")
         ]
         pairs: list[PreferencePair] = []
         rewards: list[float] = []
         for start in range(0, len(items), size):
             tree = collect_tree(
-                self.task,
+                self.env,
                 self.agents,
                 items[start : start + size],
                 num_generations=args.preference_num_candidates,
@@ -188,7 +185,7 @@ class PreferenceTrainer(TeamTrainer):
         self.learner.schedule(None)
 
     def _identity(self) -> dict[str, Any]:
-        data = None if self.env is None else self.env.source.dataset
+        data = None if self.env is None else self.env.spec.dataset
         return {
             "algorithm": self.algorithm,
             "num_agents": self.num_agents,
