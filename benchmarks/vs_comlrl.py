@@ -18,16 +18,15 @@ reward ``''`` (bug B1) but still does the same forward/backward work.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
-import venv
 from pathlib import Path
 
-REFERENCE = "comlrl==1.4.3"
+# The throwaway-virtualenv and child-process helpers are shared with benchmarks/learning.py.
+from reference_env import reference_python
+from reference_env import run_child as run
 
 COMMON = textwrap.dedent("""
     import json, resource, sys, time
@@ -77,47 +76,6 @@ REFERENCE_RUN = COMMON + textwrap.dedent("""
     seconds = time.perf_counter() - start
     report(seconds, items * (4 if turns == 1 else 4 + 4 * 4))  # every branch is expanded
 """)
-
-
-def reference_python(venv_dir: Path) -> str:
-    """A throwaway virtualenv with its own ``torch==2.13.0`` and ``comlrl``.
-
-    It does not borrow this interpreter's site-packages: when this project itself runs in a
-    virtualenv, "system" site-packages are the base interpreter's and hold no torch. The shared
-    libraries are pinned to the versions installed here, so both sides run the same kernels.
-    """
-    from importlib.metadata import version
-
-    python = venv_dir / "bin" / "python"
-    if not python.exists():
-        venv.create(venv_dir, with_pip=True)
-    check = subprocess.run([str(python), "-c", "import comlrl, torch"], capture_output=True)
-    if check.returncode != 0:
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        # torch first, from the same (CPU) build: a bare requirement would pull a CUDA build.
-        subprocess.run([*pip, f"torch=={version('torch')}"], check=True)
-        shared = ["transformers", "peft", "datasets", "gymnasium", "pettingzoo", "numpy"]
-        pins = [f"{name}=={version(name)}" for name in shared]
-        subprocess.run([*pip, REFERENCE, *pins, f"torch=={version('torch')}"], check=True)
-    return str(python)
-
-
-def run(python: str, program: str, spec: dict, threads: int) -> dict:
-    env = {
-        **os.environ,
-        "WANDB_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": str(threads),
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-    }
-    proc = subprocess.run(
-        [python, "-c", program, json.dumps(spec)], capture_output=True, text=True, env=env
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
 def main() -> None:
