@@ -22,11 +22,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
-from datasets import Dataset, IterableDataset
 
 from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.actor_critic_checks import check_critic_args, critic_names
@@ -39,8 +38,8 @@ from cmlrl_agents.reference import frozen_copies
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
 from cmlrl_agents.trainer_base import IndexedItem, TeamTrainer
+from cmlrl_agents.trainer_keywords import TeamKeywords, check_team_keywords
 from cmlrl_agents.value_head import ValueModel
-from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = ["IACTrainer", "MAACTrainer", "RolloutSample", "chain_gae"]
 
@@ -59,51 +58,34 @@ class _ActorCriticTrainer(TeamTrainer):
     def __init__(
         self,
         agent_model: Any = None,
-        agents: Sequence[Any] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: Mapping[str, Any] | None = None,
-        train_dataset: Dataset | IterableDataset | None = None,
-        eval_dataset: Dataset | IterableDataset | None = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Any = None,
-        external_transition: Callable[..., Any] | None = None,
-        wandb_config: Mapping[str, Any] | None = None,
-        args: ActorCriticConfig | None = None,
-        env: CoMLRLEnv | None = None,
         *,
-        task: TaskSpec | None = None,
+        args: ActorCriticConfig | None = None,
         critic_model: Any = None,
         critics: Sequence[Any] | None = None,
         metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
+        **team: Unpack[TeamKeywords],
     ) -> None:
         args = self._checked_args(args, metrics_callback)
-        team = self.team_size(args, num_agents, agents, formatters, env.spec if env else task)
-        count = check_critic_args(self, args, critic_model, critics, team)
+        check_team_keywords(team, type(self).__name__)
+        env = team.get("env")
+        spec = team.get("task") if env is None else env.spec
+        size = self.team_size(
+            args, team.get("num_agents"), team.get("agents"), team.get("formatters"), spec
+        )
+        count = check_critic_args(self, args, critic_model, critics, size)
         super().__init__(
             args=args,
             agent_model=agent_model,
-            agents=agents,
-            num_agents=num_agents,
-            tokenizer=tokenizer,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_func=reward_func,
-            reward_processor=reward_processor,
-            formatters=formatters,
-            external_transition=external_transition,
-            env=env,
-            task=task,
-            wandb_config=wandb_config,
             extra_config={"critic_models": critic_names(critic_model, critics, count)},
+            **team,
         )
         self._critic_names: list[str] = self.logger.config["critic_models"]
         self.metrics_callback = metrics_callback
         # Copied before any value head is attached to an actor: the reference is the policy only.
         references = self._reference_copies()
-        critics, encoders = self._build_critics(critic_model, critics, tokenizer, model_config)
+        critics, encoders = self._build_critics(
+            critic_model, critics, team.get("tokenizer"), team.get("model_config")
+        )
         self.learner = ActorCriticLearner(
             self.agents,
             critics,

@@ -15,12 +15,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from cmlrl_agents.magrpo import MAGRPOTrainer, eval_chains
 from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.rollout import RolloutTree
 from cmlrl_agents.trainer_checks import check_given_task
+from cmlrl_agents.trainer_keywords import TASK_PIECES, TeamKeywords, check_team_keywords
 from cmlrl_env import Formatters, RewardFunction, TaskSpec
 
 __all__ = [
@@ -135,27 +136,20 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     def __init__(
         self,
         agent_model: Any = None,
-        agents: Sequence[Any] | None = None,
-        tokenizer: Any = None,
-        model_config: Mapping[str, Any] | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Any = None,
-        external_transition: Callable[..., Any] | None = None,
-        wandb_config: Mapping[str, Any] | None = None,
+        *,
         eval_logger: Callable[..., Any] | None = None,
         eval_aggregator: Callable[..., Any] | None = None,
         args: CentralizedMAGRPOConfig | None = None,
         num_roles: int | None = None,
-        *,
-        task: TaskSpec | None = None,
+        **team: Unpack[TeamKeywords],
     ) -> None:
         args = CentralizedMAGRPOConfig() if args is None else args
         if not isinstance(args, CentralizedMAGRPOConfig):
             raise TypeError(f"args must be a CentralizedMAGRPOConfig, got {type(args).__name__}.")
-        given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
+        # One policy for every role: the team size is 1 and the roles are num_roles.
+        check_team_keywords(team, type(self).__name__, refused=("num_agents", "env"))
+        task = team.pop("task", None)
+        given = tuple(team.pop(k, None) for k in TASK_PIECES)
         formatters, reward_func = _team_pieces(task, args, given)
         counted = len(formatters) if isinstance(formatters, (list, tuple)) else None
         roles = counted if task is None else task.num_agents
@@ -164,23 +158,17 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             "formatters": JointFormatter(formatters, self.num_roles),
             "reward_func": JointReward(reward_func, self.num_roles, args.parse_failure_reward),
         }
-        source: dict[str, Any] = (
-            {"train_dataset": train_dataset, "reward_processor": reward_processor, **joint}
-            if task is None
-            else {"task": task.replace(num_agents=1, **joint)}  # its limits and options stay
-        )
+        if task is None:
+            team.update(train_dataset=given[0], reward_processor=given[3], **joint)
+        else:
+            team["task"] = task.replace(num_agents=1, **joint)  # its limits and options stay
         super().__init__(
-            agent_model=agent_model,
-            agents=agents,
+            agent_model,
             num_agents=1,
-            tokenizer=tokenizer,
-            model_config=model_config,
-            eval_dataset=eval_dataset,
-            **source,
-            wandb_config=wandb_config,
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
             args=args,
+            **team,
         )
 
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:

@@ -16,28 +16,24 @@ __all__ = ["PAPER_TASKS"]
 CODE_EARLY_TERMINATION = 3.9
 
 
-def _humaneval() -> tuple[dict[str, Any], dict[str, Any]]:
-    pieces = {
-        "dataset": code_tasks.humaneval_splits,
-        "formatters": [code_tasks.helper_formatter, code_tasks.main_formatter],
-        "reward": code_tasks.humaneval_reward,
-        "transition": code_tasks.code_feedback,
-        "eval_logger": code_metrics.code_eval_logger,
-        "eval_aggregator": code_metrics.code_eval_aggregator,
-    }
-    return pieces, {"num_turns": 2, "early_termination_threshold": CODE_EARLY_TERMINATION}
+def _code_task(
+    formatters: list[Callable[..., str]], reward: Callable[..., Any], num_turns: int
+) -> Callable[[], tuple[dict[str, Any], dict[str, Any]]]:
+    """A HumanEval task factory: the team's (or one agent's) formatters and reward."""
 
+    def factory() -> tuple[dict[str, Any], dict[str, Any]]:
+        pieces = {
+            "dataset": code_tasks.humaneval_splits,
+            "formatters": formatters,
+            "reward": reward,
+            "transition": code_tasks.code_feedback,
+            "eval_logger": code_metrics.code_eval_logger,
+            "eval_aggregator": code_metrics.code_eval_aggregator,
+        }
+        defaults = {"num_turns": num_turns, "early_termination_threshold": CODE_EARLY_TERMINATION}
+        return pieces, defaults
 
-def _humaneval_single() -> tuple[dict[str, Any], dict[str, Any]]:
-    pieces = {
-        "dataset": code_tasks.humaneval_splits,
-        "formatters": [code_tasks.single_formatter],
-        "reward": code_tasks.humaneval_single_reward,
-        "transition": code_tasks.code_feedback,
-        "eval_logger": code_metrics.code_eval_logger,
-        "eval_aggregator": code_metrics.code_eval_aggregator,
-    }
-    return pieces, {"num_turns": 1, "early_termination_threshold": CODE_EARLY_TERMINATION}
+    return factory
 
 
 def _writing() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,7 +46,11 @@ def _writing() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 PAPER_TASKS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
-    "humaneval": _humaneval,
-    "humaneval_single": _humaneval_single,
+    "humaneval": _code_task(
+        [code_tasks.helper_formatter, code_tasks.main_formatter], code_tasks.humaneval_reward, 2
+    ),
+    "humaneval_single": _code_task(
+        [code_tasks.single_formatter], code_tasks.humaneval_single_reward, 1
+    ),
     "writing": _writing,
 }

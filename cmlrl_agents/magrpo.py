@@ -8,11 +8,9 @@ env's tree (one batched generate per agent and turn) and hands the tree to its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-from datasets import Dataset, IterableDataset
+from typing import Any, Unpack
 
 from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.magrpo_config import (
@@ -24,9 +22,9 @@ from cmlrl_agents.magrpo_config import (
 from cmlrl_agents.policy_gradient import PolicyGradientLearner, Sample, agent_samples
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.trainer_base import IndexedItem, TeamTrainer
+from cmlrl_agents.trainer_keywords import TeamKeywords
 from cmlrl_agents.tree_plot import save_rollout_tree
 from cmlrl_agents.tree_view import rollout_tree_view
-from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = [
     "MAGRPOTrainer",
@@ -65,23 +63,11 @@ class MAGRPOTrainer(TeamTrainer):
     def __init__(
         self,
         agent_model: Any = None,
-        agents: Sequence[Any] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: Mapping[str, Any] | None = None,
-        train_dataset: Dataset | IterableDataset | None = None,
-        eval_dataset: Dataset | IterableDataset | None = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Any = None,
-        external_transition: Callable[..., Any] | None = None,
-        wandb_config: Mapping[str, Any] | None = None,
+        *,
         eval_logger: Callable[..., Any] | None = None,
         eval_aggregator: Callable[..., Any] | None = None,
         args: MAGRPOConfig | None = None,
-        env: CoMLRLEnv | None = None,
-        *,
-        task: TaskSpec | None = None,
+        **team: Unpack[TeamKeywords],
     ) -> None:
         args = self.config_class() if args is None else args
         if not isinstance(args, MAGRPOConfig):
@@ -91,23 +77,7 @@ class MAGRPOTrainer(TeamTrainer):
             )
         if (eval_logger is None) != (eval_aggregator is None):
             raise ValueError("eval_logger and eval_aggregator work together: pass both or neither.")
-        super().__init__(
-            args=args,
-            agent_model=agent_model,
-            agents=agents,
-            num_agents=num_agents,
-            tokenizer=tokenizer,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_func=reward_func,
-            reward_processor=reward_processor,
-            formatters=formatters,
-            external_transition=external_transition,
-            env=env,
-            task=task,
-            wandb_config=wandb_config,
-        )
+        super().__init__(args=args, agent_model=agent_model, **team)
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.learner = PolicyGradientLearner(self.agents, args)

@@ -9,9 +9,9 @@ task items, the evaluation of SPEC §5 and checkpoints live here once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from datasets import Dataset, IterableDataset
@@ -30,6 +30,7 @@ from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, 
 from cmlrl_agents.schedules import round_sizes
 from cmlrl_agents.team import build_agents, resolve_num_agents
 from cmlrl_agents.trainer_checks import check_given_task, check_reference_devices
+from cmlrl_agents.trainer_keywords import TASK_PIECES, TeamKeywords, check_team_keywords
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv, TaskSpec
 
@@ -56,27 +57,19 @@ class TeamTrainer(RunMixin):
         *,
         args: SharedConfig,
         agent_model: Any = None,
-        agents: Sequence[Any] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: Mapping[str, Any] | None = None,
-        train_dataset: Dataset | IterableDataset | None = None,
-        eval_dataset: Dataset | IterableDataset | None = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Any = None,
-        external_transition: Callable[..., Any] | None = None,
-        env: CoMLRLEnv | None = None,
-        task: TaskSpec | None = None,
-        wandb_config: Mapping[str, Any] | None = None,
         extra_config: Mapping[str, Any] | None = None,
+        **team: Unpack[TeamKeywords],
     ) -> None:
+        check_team_keywords(team, type(self).__name__)
+        env, task, eval_dataset = team.get("env"), team.get("task"), team.get("eval_dataset")
+        agents, formatters = team.get("agents"), team.get("formatters")
         self.args = args
-        n = self.team_size(args, num_agents, agents, formatters, env.spec if env else task)
+        spec = task if env is None else env.spec
+        n = self.team_size(args, team.get("num_agents"), agents, formatters, spec)
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
         check_reference_devices(args, n)
-        given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
+        given = tuple(team.get(k) for k in TASK_PIECES)
         self.spec: TaskSpec | None = self._task_spec(env, task, given, eval_dataset, n)
         """The run's task (None: a trainer that only saves); ``task=`` gives it whole."""
         if env is None and self.spec is not None and self.spec.dataset is not None:
@@ -89,9 +82,9 @@ class TeamTrainer(RunMixin):
         self.agents: list[LLMAgent] = build_agents(
             agent_model=agent_model,
             agents=agents,
-            tokenizer=tokenizer,
+            tokenizer=team.get("tokenizer"),
             num_agents=n,
-            model_config=model_config,
+            model_config=team.get("model_config"),
             devices=devices,
         )
         self.model_names = [model_name(agent_model or spec) for spec in self.agents]
@@ -102,7 +95,7 @@ class TeamTrainer(RunMixin):
         self.epoch_position = 0
         self.run_id = new_run_id()
         self.run_dir = Path(args.output_dir or default_run_dir(self.algorithm, self.run_id))
-        self.logger = self._make_logger(wandb_config, extra_config)
+        self.logger = self._make_logger(team.get("wandb_config"), extra_config)
 
     def _make_logger(
         self, wandb_config: Mapping[str, Any] | None, extra_config: Mapping[str, Any] | None

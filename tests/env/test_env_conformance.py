@@ -44,26 +44,19 @@ ALL_CHECKS = (
 length_ratio_env = functools.partial(
     CoMLRLEnv, length_ratio_dataset(), [brief_formatter, detailed_formatter], length_ratio_reward
 )
-feedback_env = functools.partial(
-    CoMLRLEnv,
-    feedback_dataset(),
-    None,
-    feedback_ratio_reward,
-    num_turns=2,
-    external_transition=length_feedback,
-    early_termination_threshold=None,
-)
 
 
 # -- check_env ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "env_fn",
+    "make_env_fn",  # given the feedback_env fixture (parametrize cannot take a fixture)
     [
-        length_ratio_env,
-        feedback_env,
-        functools.partial(feedback_env, early_termination_threshold=0.9),
-        functools.partial(length_ratio_env, max_completion_chars=64, max_prompt_chars=256),
-        functools.partial(
+        lambda feedback: length_ratio_env,
+        lambda feedback: feedback,
+        lambda feedback: functools.partial(feedback, early_termination_threshold=0.9),
+        lambda feedback: functools.partial(
+            length_ratio_env, max_completion_chars=64, max_prompt_chars=256
+        ),
+        lambda feedback: functools.partial(
             CoMLRLEnv,
             length_ratio_dataset().to_iterable_dataset(),
             [brief_formatter, detailed_formatter],
@@ -78,7 +71,8 @@ feedback_env = functools.partial(
         "streamed",
     ],
 )
-def test_check_env_passes_on_the_seed_tasks(env_fn: Any) -> None:
+def test_check_env_passes_on_the_seed_tasks(make_env_fn: Any, feedback_env: Any) -> None:
+    env_fn = make_env_fn(feedback_env)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the text-space noise of PettingZoo's tests is filtered
         assert check_env(env_fn, num_cycles=5, num_episodes=3) == ALL_CHECKS
@@ -101,7 +95,9 @@ def test_check_env_checks_its_own_arguments(kwargs: dict, message: str) -> None:
         check_env(length_ratio_env, **kwargs)
 
 
-def test_check_env_passes_with_the_default_threshold_and_says_why_turn_two_is_skipped() -> None:
+def test_check_env_passes_with_the_default_threshold_and_says_why_turn_two_is_skipped(
+    feedback_env: Any,
+) -> None:
     env_fn = functools.partial(feedback_env, early_termination_threshold=-0.2)
     with pytest.warns(UserWarning, match=r"every branch ended after turn 1"):
         assert check_env(env_fn, num_cycles=5) == ALL_CHECKS

@@ -14,7 +14,7 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from cmlrl_env import CoMLRLEnv, as_gymnasium
 from cmlrl_env.gymnasium_view import GYMNASIUM_ID, make_gymnasium_env
-from cmlrl_env.tasks import feedback_dataset, feedback_ratio_reward, length_feedback
+from cmlrl_env.tasks import feedback_dataset
 
 PROMPTS = [f"Question {i}: café, 中文 or 🙂?" for i in range(10)]
 
@@ -24,15 +24,6 @@ def longer_second(c1: list[str], c2: list[str]) -> list[float]:
 
 
 quiz_env = functools.partial(CoMLRLEnv, Dataset.from_dict({"prompt": PROMPTS}), None, longer_second)
-two_turn_env = functools.partial(
-    CoMLRLEnv,
-    feedback_dataset(),
-    None,
-    feedback_ratio_reward,
-    num_turns=2,
-    external_transition=length_feedback,
-    early_termination_threshold=None,
-)
 PARTNERS = {"agent_1": lambda prompt: "a partner's longer answer"}
 
 
@@ -51,8 +42,8 @@ def test_supersuit_concat_vec_envs_steps_and_auto_resets_with_no_shim() -> None:
         assert infos[0]["terminal_observation"] == PROMPTS[5 + step - 1]
 
 
-def test_supersuit_two_turn_episodes_auto_reset_after_the_task_ends() -> None:
-    vec = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(two_turn_env()), 2)
+def test_supersuit_two_turn_episodes_auto_reset_after_the_task_ends(feedback_env) -> None:
+    vec = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(feedback_env()), 2)
     vec.reset(seed=0)
     _, _, terms, _, _ = vec.step(["Clouds.", "Clouds, too."] * 2)
     assert not terms.any()
@@ -63,8 +54,8 @@ def test_supersuit_two_turn_episodes_auto_reset_after_the_task_ends() -> None:
 
 
 # -- Gymnasium ------------------------------------------------------------------------------------
-def test_gymnasium_check_env_passes_on_the_view_with_no_warnings() -> None:
-    for env_fn in (quiz_env, two_turn_env):
+def test_gymnasium_check_env_passes_on_the_view_with_no_warnings(feedback_env) -> None:
+    for env_fn in (quiz_env, feedback_env):
         env = gymnasium.make(GYMNASIUM_ID, env_fn=env_fn, partners=PARTNERS)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -72,10 +63,10 @@ def test_gymnasium_check_env_passes_on_the_view_with_no_warnings() -> None:
         assert [str(w.message) for w in caught] == []
 
 
-def test_gymnasium_check_env_on_a_view_built_directly() -> None:
+def test_gymnasium_check_env_on_a_view_built_directly(feedback_env) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gymnasium_check_env(as_gymnasium(two_turn_env(), partners=PARTNERS))
+        gymnasium_check_env(as_gymnasium(feedback_env(), partners=PARTNERS))
     # The only warning says that an env not built by gymnasium.make has no spec.
     assert [str(w.message) for w in caught if "not having a spec" not in str(w.message)] == []
 
@@ -94,14 +85,14 @@ def test_sync_vector_env_over_the_view() -> None:
     assert obs == (PROMPTS[9], PROMPTS[0], PROMPTS[1])
 
 
-def test_the_view_plays_the_partners_and_reports_the_agents_side() -> None:
+def test_the_view_plays_the_partners_and_reports_the_agents_side(feedback_env) -> None:
     seen: list[str] = []
 
     def partner(prompt: str) -> str:
         seen.append(prompt)
         return "Clouds, rain and sun."
 
-    view = as_gymnasium(two_turn_env(), agent="agent_0", partners={"agent_1": partner})
+    view = as_gymnasium(feedback_env(), agent="agent_0", partners={"agent_1": partner})
     obs, info = view.reset(seed=1)
     assert obs == feedback_dataset()[1]["prompt"] and info["item_index"] == 1
     obs, reward, terminated, truncated, info = view.step("Clouds.")
