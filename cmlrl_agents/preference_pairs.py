@@ -120,12 +120,16 @@ class PairLabeler:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        self.rng = random.Random(self.seed)
+        self.start_round(0)
         if self.judge is not None and self.selection == "reward_gap":
             raise ValueError(
                 f"pair_selection='reward_gap' ranks pairs by task reward, but the pairs come from "
                 f"a {self.name}; use pair_selection='all' or 'random'."
             )
+
+    def start_round(self, round_index: int) -> None:
+        """A random stream per round, so a resumed run draws what an uninterrupted one did."""
+        self.rng = random.Random(None if self.seed is None else f"{self.seed}:{round_index}")
 
     def label(
         self,

@@ -123,6 +123,7 @@ class PreferenceTrainer(TeamTrainer):
                 "only. Pass train_dataset=..., or set num_iterations=1."
             )
         args, size = self.args, self.args.rollout_buffer_size
+        self.labeler.start_round(round_index)
         items = [
             (item, index)
             for index, item in self.env.epoch_items(round_index + 1, 0, name="train_dataset")
