@@ -35,7 +35,7 @@ from cmlrl_agents.actor_critic_learner import ActorCriticLearner
 from cmlrl_agents.actor_critic_rollouts import RolloutSample, chain_gae
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.policy import LLMAgent
-from cmlrl_agents.reference import frozen_copies
+from cmlrl_agents.reference import reference_policies
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
 from cmlrl_agents.trainer_base import Item, TeamTrainer
@@ -76,6 +76,7 @@ class _ActorCriticTrainer(TeamTrainer):
         critic_model: Any = None,
         critics: Sequence[Any] | None = None,
         metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
+        peft_config: Any = None,
     ) -> None:
         args = self._checked_args(args, metrics_callback)
         team = self.team_size(args, num_agents, agents, formatters, env)
@@ -96,6 +97,7 @@ class _ActorCriticTrainer(TeamTrainer):
             env=env,
             wandb_config=wandb_config,
             extra_config={"critic_models": critic_names(critic_model, critics, count)},
+            peft_config=peft_config,
         )
         self._critic_names: list[str] = self.logger.config["critic_models"]
         self.metrics_callback = metrics_callback
@@ -127,11 +129,11 @@ class _ActorCriticTrainer(TeamTrainer):
             )
         return args
 
-    def _reference_copies(self) -> list[torch.nn.Module] | None:
+    def _reference_copies(self) -> list[Any] | None:
         if not self.args.reference_kl_enabled:
             return None
         devices = resolve_devices(self.args.reference_devices, self.num_agents, "reference_devices")
-        return frozen_copies([agent.model for agent in self.agents], devices)
+        return reference_policies(self.agents, devices)
 
     @property
     def critics(self) -> list[ValueModel]:

@@ -148,6 +148,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         eval_aggregator: Callable[..., Any] | None = None,
         args: CentralizedMAGRPOConfig | None = None,
         num_roles: int | None = None,
+        peft_config: Any = None,
     ) -> None:
         args = CentralizedMAGRPOConfig() if args is None else args
         if not isinstance(args, CentralizedMAGRPOConfig):
@@ -175,6 +176,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
             args=args,
+            peft_config=peft_config,
         )
 
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:

@@ -52,7 +52,8 @@ def eval_chains(tree: RolloutTree) -> list[list[list[str]]]:
 class MAGRPOTrainer(TeamTrainer):
     """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
 
-    Construct with ``agent_model="<hub id or folder>"`` (one copy per agent) or
+    Construct with ``agent_model="<hub id or folder>"`` (one copy per agent, or with
+    ``peft_config=LoraConfig(...)`` one LoRA adapter per agent over one shared base) or
     ``agents=[model, ...]`` plus ``tokenizer=``; the task as ``train_dataset``, ``formatters``,
     ``reward_func`` (``reward_processor``, ``external_transition``) or as a ready ``env=``.
     """
@@ -79,6 +80,7 @@ class MAGRPOTrainer(TeamTrainer):
         eval_aggregator: Callable[..., Any] | None = None,
         args: MAGRPOConfig | None = None,
         env: CoMLRLEnv | None = None,
+        peft_config: Any = None,
     ) -> None:
         args = self.config_class() if args is None else args
         if not isinstance(args, MAGRPOConfig):
@@ -103,6 +105,7 @@ class MAGRPOTrainer(TeamTrainer):
             external_transition=external_transition,
             env=env,
             wandb_config=wandb_config,
+            peft_config=peft_config,
         )
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator

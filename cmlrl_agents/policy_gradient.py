@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cmlrl_agents.adapters import checkpoint_models
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.losses import policy_gradient_loss
@@ -22,10 +23,16 @@ from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.metrics import turn_metrics
 from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
-from cmlrl_agents.reference import frozen_copies, kl_turn_means, kl_turn_stats, reference_kl
+from cmlrl_agents.reference import (
+    Reference,
+    kl_turn_means,
+    kl_turn_stats,
+    reference_kl,
+    reference_policies,
+)
 from cmlrl_agents.rollout import RolloutTree
 from cmlrl_agents.schedules import apply_learning_rates, make_schedulers, steps_per_round
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.tokens import build_batch
 
 __all__ = ["PolicyGradientLearner", "Sample", "agent_samples"]
 
@@ -77,19 +84,14 @@ class PolicyGradientLearner:
         self.agents = list(agents)
         self.args = args
         self.optimizers: list[torch.optim.Optimizer] = [
-            make_adamw(
-                (p for p in agent.model.parameters() if p.requires_grad),
-                args.agent_learning_rate,
-                f"agents[{i}]",
-            )
+            make_adamw(agent.trainable_parameters(), args.agent_learning_rate, f"agents[{i}]")
             for i, agent in enumerate(self.agents)
         ]
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
-        self.reference_models: list[torch.nn.Module] | None = (
-            frozen_copies([a.model for a in self.agents], devices)
-            if args.reference_kl_enabled
-            else None
+        self.reference_models: list[Reference] | None = (
+            reference_policies(self.agents, devices) if args.reference_kl_enabled else None
         )
+        """Per agent: a frozen copy, or (adapter agents) the base with adapters disabled."""
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         """Per optimizer (``agent_i``), when ``lr_scheduler_type``/``warmup_steps`` ask for one."""
 
@@ -171,7 +173,7 @@ class PolicyGradientLearner:
         batch = build_batch(
             [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], agent.pad_token_id
         ).to(agent.device)
-        logprobs = sequence_logprobs(agent.model, batch)
+        logprobs = agent.score(batch)
         mask = batch.completion_mask
         advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
         if args.loss_aggregation == "sequence_sum":
@@ -188,7 +190,7 @@ class PolicyGradientLearner:
     # -- saving ---------------------------------------------------------------------------------
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, object]]:
         """The trainable models and their optimizers, by checkpoint name."""
-        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
+        models = checkpoint_models(self.agents)
         optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
         return models, optimizers
 

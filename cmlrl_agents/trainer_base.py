@@ -70,6 +70,7 @@ class TeamTrainer(RunMixin):
         env: CoMLRLEnv | None = None,
         wandb_config: Mapping[str, Any] | None = None,
         extra_config: Mapping[str, Any] | None = None,
+        peft_config: Any = None,
     ) -> None:
         self.args = args
         n = self.team_size(args, num_agents, agents, formatters, env)
@@ -95,6 +96,7 @@ class TeamTrainer(RunMixin):
             num_agents=n,
             model_config=model_config,
             devices=devices,
+            peft_config=peft_config,
         )
         check_eval_dataset(eval_dataset)
         self.model_names = [model_name(agent_model or spec) for spec in self.agents]
