@@ -1,4 +1,4 @@
-"""Adapter agents: N LoRA adapters over ONE frozen base (``peft_config=``), on tiny offline models."""
+"""Adapter agents: N LoRA adapters over ONE frozen base (``peft_config=``), tiny offline models."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from peft import LoraConfig, PeftModel, PrefixTuningConfig, get_peft_model
 from safetensors.torch import load_file
 
 from cmlrl_agents import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
+from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_env import tasks
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
