@@ -240,10 +240,12 @@ class _ActorCriticTrainer(TeamTrainer):
             self.agents,
             items,
             num_generations=args.num_generations,
-            sampling=self.sampling,
+            sampling=self.agent_sampling,
+            backend=self.generation_backend,
         )
         batch = self.learner.batch(tree)
         metrics = self.learner.update(batch)
+        self.generation_backend.sync(self.agents)
         if self.metrics_callback is not None:
             extra = self._run_callback([s for agent in batch.samples for s in agent])
             clash = sorted(set(extra) & set(metrics))

@@ -149,13 +149,16 @@ class MAGRPOTrainer(TeamTrainer):
             self.agents,
             items,
             num_generations=args.num_generations,
-            sampling=self.sampling,
+            sampling=self.agent_sampling,
             joint_mode=args.joint_mode,
+            backend=self.generation_backend,
         )
         if args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0:
             self.save_tree(tree)
         self.rounds += 1
-        return self.learner.update(tree), tree.env_steps
+        metrics = self.learner.update(tree)
+        self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
+        return metrics, tree.env_steps
 
     def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
         """Draw the first item of ``tree`` with this trainer's return and advantage settings

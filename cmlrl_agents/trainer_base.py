@@ -22,6 +22,7 @@ from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.evaluation import mean_eval_metrics
+from cmlrl_agents.generation import GenerationBackend, make_backend
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.metrics import reward_postfix
 from cmlrl_agents.plotting import plot_metrics
@@ -30,7 +31,11 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.schedules import round_sizes
 from cmlrl_agents.team import build_agents, resolve_num_agents
-from cmlrl_agents.trainer_checks import check_given_env, check_reference_devices
+from cmlrl_agents.trainer_checks import (
+    check_agent_sampling,
+    check_given_env,
+    check_reference_devices,
+)
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv, TaskSpec
 from cmlrl_env.core import Task
@@ -77,6 +82,7 @@ class TeamTrainer(RunMixin):
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
         check_reference_devices(args, n)
+        check_agent_sampling(args, n)
         if env is not None:
             given = (train_dataset, formatters, reward_func, reward_processor, external_transition)
             check_given_env(env, args, given)
@@ -101,6 +107,8 @@ class TeamTrainer(RunMixin):
         check_eval_dataset(eval_dataset)
         self.model_names = [model_name(agent_model or spec) for spec in self.agents]
         self.eval_dataset = eval_dataset
+        self.generation_backend: GenerationBackend = make_backend(args.generation_backend)
+        """Any ``GenerationBackend``; ``sync(agents)`` runs after every update."""
         self.env_step = 0
         self.items_seen = 0
         self.epoch = 0
@@ -220,6 +228,11 @@ class TeamTrainer(RunMixin):
             top_k=a.top_k,
             min_new_tokens=a.min_new_tokens,
         )
+
+    @property
+    def agent_sampling(self) -> list[SamplingConfig]:
+        """Each agent's sampling settings (``args.agent_sampling`` over the shared fields)."""
+        return [self.args.sampling_for(i) for i in range(self.num_agents)]
 
     # -- the loop -----------------------------------------------------------------------------
     def train(
@@ -356,7 +369,14 @@ class TeamTrainer(RunMixin):
         for i in range(0, len(items), self.args.eval_batch_size):
             chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
             trees.append(
-                collect_tree(task, self.agents, chunk, num_generations=1, sampling=self.sampling)
+                collect_tree(
+                    task,
+                    self.agents,
+                    chunk,
+                    num_generations=1,
+                    sampling=self.agent_sampling,
+                    backend=self.generation_backend,
+                )
             )
         metrics = self._eval_metrics(trees)
         metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})

@@ -65,6 +65,7 @@ class RunMixin:
     algorithm: str
     args: SharedConfig
     agents: list[LLMAgent]
+    generation_backend: Any
     learner: Any
     """The algorithm's learner: ``checkpoint_parts()`` and ``apply_learning_rates()``."""
     logger: MetricsLogger
@@ -204,6 +205,7 @@ class RunMixin:
         self.items_seen, self.env_step = state["items_seen"], state["env_step"]
         self.logger.load_state_dict(state["logger"])
         self._apply_learning_rates()
+        self.generation_backend.sync(self.agents)  # the restored weights, also in the backend
 
     def _check_state(self, state: dict[str, Any], path: Path) -> None:
         if state.get("algorithm") != self.algorithm:
