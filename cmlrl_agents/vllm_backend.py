@@ -1,4 +1,4 @@
-"""The optional vLLM generation backend (``pip install 'cmlrl[vllm]'``, ``generation_backend="vllm"``).
+"""The optional vLLM generation backend (``generation_backend="vllm"``, extra ``cmlrl[vllm]``).
 
 vLLM serves the shared base once and each adapter agent's LoRA per request (``LoRARequest``),
 all of a level's requests in ONE ``LLM.generate`` call (per-request sampling settings included).
