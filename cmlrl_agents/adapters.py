@@ -80,6 +80,10 @@ def attach_adapters(agents: Sequence[LLMAgent], configs: Sequence[Any]) -> list[
         name = f"agent_{i}"
         key = id(agent.model)
         if key not in wrapped:
+            if agent.loaded_dtype is not None:
+                # LLMAgent cast the (then trainable) bf16/fp16 model to float32; the frozen base
+                # goes back to the dtype it was loaded in, only the adapters are float32.
+                agent.model.to(agent.loaded_dtype)
             for p in agent.model.parameters():
                 p.requires_grad_(False)  # the base is frozen; only adapters train
             wrapped[key] = get_peft_model(agent.model, config, adapter_name=name)

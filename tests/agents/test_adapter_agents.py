@@ -216,3 +216,23 @@ def test_peft_config_errors_name_the_argument(base_folder, tmp_path):
     prefix = PrefixTuningConfig(num_virtual_tokens=2, task_type="CAUSAL_LM")
     with pytest.raises(TypeError, match=r"peft_config\[1\] must be a peft adapter config"):
         MAGRPOTrainer(agent_model=str(base_folder), peft_config=[LORA, prefix], **common)
+
+
+def test_a_bf16_base_stays_bf16_and_the_adapters_are_float32(tmp_path):
+    tokenizer = tiny_tokenizer()
+    folder = tmp_path / "bf16"
+    tiny_model(len(tokenizer), 0).to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    trainer = MAGRPOTrainer(
+        agent_model=str(folder),
+        num_agents=2,
+        peft_config=LORA,
+        model_config={"dtype": torch.bfloat16},
+        formatters=FORMATTERS,
+        reward_func=tasks.length_ratio_reward,
+        args=MAGRPOConfig(output_dir=str(tmp_path / "run")),
+    )
+    model = trainer.agents[0].model
+    assert {p.dtype for p in base_state(model).values()} == {torch.bfloat16}
+    for agent in trainer.agents:
+        assert {p.dtype for p in agent.trainable_parameters()} == {torch.float32}
