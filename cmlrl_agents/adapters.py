@@ -28,6 +28,7 @@ __all__ = [
     "check_peft_config",
     "checkpoint_models",
     "is_peft_model",
+    "joint_groups",
     "same_device",
     "shared_groups",
 ]
@@ -118,6 +119,20 @@ def shared_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
         if agent.adapter is not None:
             groups.setdefault(id(agent.model), []).append(i)
     return list(groups.values())
+
+
+def joint_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
+    """Shared bases whose agents can be scored in one mixed-adapter pass with gradients: peft
+    allows per-row adapters in eval mode only, which equals training mode when no dropout is
+    active (no ``nn.Dropout`` with p > 0, no ``*dropout`` config value > 0)."""
+    return [g for g in shared_groups(agents) if len(g) > 1 and not _dropout(agents[g[0]].model)]
+
+
+def _dropout(model: nn.Module) -> bool:
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = model.get_base_model().config.to_dict()
+    return any("dropout" in k and isinstance(v, float) and v > 0 for k, v in config.items())
 
 
 def checkpoint_models(agents: Sequence[LLMAgent]) -> dict[str, nn.Module]:

@@ -244,13 +244,7 @@ class SharedConfig(ValidatedConfig):
         self._real("top_p", 0.0, 1.0, low_open=True)
         self._int("top_k", 1, optional=True)
         self._int("min_new_tokens", 0)
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"min_new_tokens={self.min_new_tokens} is larger than max_new_tokens="
-                f"{self.max_new_tokens}; lower min_new_tokens or raise max_new_tokens."
-            )
-        self._check_agent_sampling()
-        self._choice("generation_backend", GENERATION_BACKENDS)
+        self._check_generation()
         self._real("discount", 0.0, 1.0)
         self._real("early_termination_threshold", optional=True)
         self._int("eval_interval", 0)
@@ -295,7 +289,13 @@ class SharedConfig(ValidatedConfig):
                 "forward_batch_size for scoring). Leave parallel_training unset."
             )
 
-    def _check_agent_sampling(self) -> None:
+    def _check_generation(self) -> None:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} is larger than max_new_tokens="
+                f"{self.max_new_tokens}; lower min_new_tokens or raise max_new_tokens."
+            )
+        self._choice("generation_backend", GENERATION_BACKENDS)
         value = self.agent_sampling
         if value is None:
             return

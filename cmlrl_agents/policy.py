@@ -25,6 +25,7 @@ from cmlrl_agents.model_setup import (
     ChatFormat,
     check_local_model_path,
     check_vocabulary,
+    eval_mode,
     fp32_master_weights,
     only_our_generation_settings,
 )
@@ -138,9 +139,8 @@ class LLMAgent:
             ``False`` tokenizes prompts as plain text.
         system_prompt: a system turn put before each prompt (needs the chat template).
         device: where to move the model; ``None`` keeps it where it is.
-        adapter: the name of this agent's LoRA adapter when ``model`` is a ``PeftModel`` shared
-            with other agents (see :mod:`cmlrl_agents.adapters`); generation and scoring then
-            run with that adapter, and only its parameters are trainable.
+        adapter: this agent's LoRA adapter on ``model``, a ``PeftModel`` shared with other
+            agents (see :mod:`cmlrl_agents.adapters`); only its parameters train.
 
     The template and any system turn it adds are logged once (``cmlrl_agents.policy`` logger).
     A prompt that already carries the template (a formatter that called
@@ -211,18 +211,15 @@ class LLMAgent:
         return next(self.model.parameters()).device
 
     def activate(self) -> None:
-        """Make this agent's adapter the active one on its shared base (no-op without one).
-        Every forward of ``self.model`` for this agent happens after this call."""
+        """Make this agent's adapter the active one on its shared base (no-op without one)."""
         if self.adapter is not None and self.model.active_adapter != self.adapter:
             self.model.set_adapter(self.adapter)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """What this agent's optimizer steps: its adapter's parameters, or every parameter
-        that requires grad for a model of its own."""
+        """What this agent's optimizer steps: its adapter, or its model's trainable weights."""
         if self.adapter is None:
             return [p for p in self.model.parameters() if p.requires_grad]
-        marker = f".{self.adapter}."
-        return [p for n, p in self.model.named_parameters() if marker in n]
+        return [p for n, p in self.model.named_parameters() if f".{self.adapter}." in n]
 
     def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt: chat-templated with the assistant turn opened, or plain
@@ -287,9 +284,8 @@ class LLMAgent:
         sampling: SamplingConfig | None = None,
         adapter_names: Sequence[str] | None = None,
     ) -> list[Completion]:
-        """One completion per row of prompt ids from ONE ``generate`` call. ``adapter_names``
-        (one per row) generates each row with its own adapter of the shared base (peft's
-        mixed-adapter batch); None uses this agent's adapter for every row."""
+        """One completion per row of prompt ids from ONE ``generate`` call; ``adapter_names``
+        (one per row, peft's mixed-adapter batch) or None (this agent's adapter, if any)."""
         sampling = sampling if sampling is not None else SamplingConfig()
         rows = [list(ids) for ids in rows]
         input_ids, attention_mask = left_pad(rows, self.pad_token_id)
@@ -310,28 +306,23 @@ class LLMAgent:
         adapter_names: Sequence[str] | None,
     ) -> tuple[Tensor, Tensor]:
         device = self.device
-        extra: dict[str, Any] = {}
-        if adapter_names is not None and len(set(adapter_names)) > 1:
-            extra["adapter_names"] = list(adapter_names)
-        elif adapter_names is not None:
-            self.model.set_adapter(adapter_names[0])
-        else:
-            self.activate()
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling; PEFT multi-adapter batches require it
-        try:
-            with torch.inference_mode(), only_our_generation_settings(self.model):
-                generated = self.model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
-                    pad_token_id=self.pad_token_id,
-                    eos_token_id=sorted(self.eos_token_ids),
-                    return_dict_in_generate=False,
-                    **sampling.generate_kwargs(),
-                    **extra,
-                )
-        finally:
-            self.model.train(was_training)
+        extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
+        self.activate()
+        # eval: no dropout while sampling, and peft's mixed-adapter batches require it.
+        with (
+            eval_mode(self.model),
+            torch.inference_mode(),
+            only_our_generation_settings(self.model),
+        ):
+            generated = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                pad_token_id=self.pad_token_id,
+                eos_token_id=sorted(self.eos_token_ids),
+                return_dict_in_generate=False,
+                **sampling.generate_kwargs(),
+                **extra,
+            )
         return completion_mask_from_generated(
             generated.cpu(), input_ids.shape[1], self.eos_token_ids
         )
@@ -348,11 +339,22 @@ class LLMAgent:
         batch = build_batch(prompt_ids, completion_ids, self.pad_token_id).to(self.device)
         return self.score(batch, chunk=chunk)
 
-    def score(self, batch: TokenBatch, *, chunk: int | None = None) -> Tensor:
-        """``[B, L]`` completion-token log-probs of a built batch under this agent (its adapter
-        active): the one scoring call of the learners, so a faster scorer swaps in here."""
-        self.activate()
-        return sequence_logprobs(self.model, batch, chunk=chunk)
+    def score(
+        self,
+        batch: TokenBatch,
+        *,
+        chunk: int | None = None,
+        adapter_names: Sequence[str] | None = None,
+    ) -> Tensor:
+        """``[B, L]`` completion log-probs of a built batch under this agent's adapter, or each
+        row under its own (``adapter_names``: one pass for several agents of a shared base, in
+        eval mode as peft requires, so only without active dropout). The learners' one scoring
+        call: a faster scorer swaps in here."""
+        if adapter_names is None:
+            self.activate()
+            return sequence_logprobs(self.model, batch, chunk=chunk)
+        with eval_mode(self.model):
+            return sequence_logprobs(self.model, batch, chunk=chunk, adapter_names=adapter_names)
 
     @classmethod
     def from_pretrained(

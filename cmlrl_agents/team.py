@@ -82,9 +82,8 @@ def build_agents(
     peft_config: Any = None,
 ) -> list[LLMAgent]:
     """One ``LLMAgent`` per agent from ``agent_model`` (a str) or ``agents`` (models or agents),
-    model i on ``devices[i]`` when given (see :mod:`cmlrl_agents.devices`). With
-    ``peft_config`` every agent is a LoRA adapter: ``agent_model`` is loaded ONCE as the shared
-    base (see :mod:`cmlrl_agents.adapters`)."""
+    model i on ``devices[i]`` when given; with ``peft_config`` each agent is a LoRA adapter and
+    ``agent_model`` is loaded ONCE as their base (see :mod:`cmlrl_agents.adapters`)."""
     config = _check_model_config(model_config)
     configs = check_peft_config(peft_config, num_agents)
     if devices is not None and config.get("device") is not None:
@@ -110,17 +109,12 @@ def build_agents(
         specs: list[Any] = [agent_model] * num_agents
     else:
         specs = list(agents)  # type: ignore[arg-type]
-    if configs is not None:
-        if devices is not None and len({str(d) for d in devices}) > 1 and agent_model is not None:
-            raise ValueError(
-                f"args.{devices_field} puts the agents on {[str(d) for d in devices]}, but with "
-                "peft_config and agent_model they are adapters on ONE base held once in memory; "
-                "give one device, or pass one model per agent (agents=[...]) to place them apart."
-            )
-        if agent_model is not None:  # one base for the whole team
-            one = _build_one(agent_model, _tokenizer_for(tokenizer, 0, num_agents), config, 0,
-                             None if devices is None else devices[0])  # fmt: skip
-            return attach_adapters([one] * num_agents, configs)
+    if configs is not None and agent_model is not None:  # one base for the whole team
+        one = _build_one(agent_model, _tokenizer_for(tokenizer, 0, num_agents), config, 0,
+                         None if devices is None else devices[0])  # fmt: skip
+        team = attach_adapters([one] * num_agents, configs)
+        same_device(team, devices)
+        return team
     built = [
         _build_one(
             spec,

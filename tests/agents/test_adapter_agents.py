@@ -10,6 +10,7 @@ from peft import LoraConfig, PeftModel, PrefixTuningConfig, get_peft_model
 from safetensors.torch import load_file
 
 from cmlrl_agents import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.rollout import collect_tree
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_env import tasks
@@ -236,3 +237,51 @@ def test_a_bf16_base_stays_bf16_and_the_adapters_are_float32(tmp_path):
     assert {p.dtype for p in base_state(model).values()} == {torch.bfloat16}
     for agent in trainer.agents:
         assert {p.dtype for p in agent.trainable_parameters()} == {torch.float32}
+
+
+def test_joint_scoring_of_a_shared_base_equals_agent_by_agent_updates(base_folder, tmp_path):
+    """Adapter agents of one base score in mixed-adapter passes; the same update computed agent
+    by agent (two separate bases with the same weights) gives the same losses and adapters."""
+
+    def config(out):
+        return MAGRPOConfig(
+            num_generations=3, max_new_tokens=4, forward_batch_size=4, eval_interval=0,
+            agent_learning_rate=1e-2, reference_kl_enabled=True, reference_kl_coef=0.5,
+            output_dir=str(tmp_path / out),
+        )  # fmt: skip
+
+    shared = make_trainer(base_folder, tmp_path / "a", args=config("a"))
+    tokenizer = tiny_tokenizer()
+    separate = MAGRPOTrainer(
+        agents=[tiny_model(len(tokenizer), 0), tiny_model(len(tokenizer), 0)],
+        tokenizer=tokenizer,
+        peft_config=LORA,
+        formatters=FORMATTERS,
+        reward_func=tasks.length_ratio_reward,
+        args=config("b"),
+    )
+    assert shared.agents[0].model is shared.agents[1].model
+    assert separate.agents[0].model is not separate.agents[1].model
+    for agent in separate.agents:  # the same starting adapters
+        source = dict(shared.agents[0].model.named_parameters())
+        with torch.no_grad():
+            for name, param in agent.model.named_parameters():
+                if f".{agent.adapter}." in name:
+                    param.copy_(source[name])
+    data = tasks.length_ratio_dataset()
+    tree = collect_tree(
+        shared.task, shared.agents, [(data[i], i) for i in range(2)], num_generations=3,
+        sampling=shared.agent_sampling,
+    )  # fmt: skip
+    for _ in range(2):  # the second update has a non-zero KL to the base
+        got, want = shared.learner.update(tree), separate.learner.update(tree)
+        for key in ("agent_0/loss", "agent_1/loss", "agent_1/turn_1/reference_kl_mean"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert want["agent_1/turn_1/reference_kl_mean"] > 0
+    for agent, twin in zip(shared.agents, separate.agents, strict=True):
+        mine, theirs = (
+            adapter_state(agent.model, agent.adapter),
+            adapter_state(twin.model, twin.adapter),
+        )
+        for name in mine:
+            torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5)
