@@ -1,13 +1,17 @@
 """Side-by-side benchmark: this library's MAGRPO against the reference ``comlrl==1.4.3``.
 
-Both train two SmolLM2-135M-Instruct agents (full fine-tuning, G = 4) on the same task items of
+Both train two SmolLM2-135M-Instruct agents (G = 4) on the same task items of
 the seed's tasks (1 turn: length ratio; 2 turns: length feedback, every branch expanded), with
 every completion forced to exactly ``--tokens`` tokens (``min_new_tokens = max_new_tokens``) so
-both do the same generation work. Each run is a fresh child process (the reference in a
-throwaway virtualenv), timed around ``trainer.train()`` only; peak memory is the child's max RSS.
+both do the same generation work. The reference fine-tunes two full copies; ours runs the same
+full fine-tuning (``full``, the same work) and adapter agents (``lora``: one frozen base held once,
+a LoRA adapter per agent over q/k/v/o, r = 16, one generate call per turn for both agents).
+Each run is a fresh child process (the reference in a throwaway virtualenv), timed around
+``trainer.train()`` only; peak memory is the child's max RSS.
 
     python benchmarks/vs_comlrl.py --turns 1 --items 8
     python benchmarks/vs_comlrl.py --turns 2 --items 4
+    python benchmarks/vs_comlrl.py --turns 1 --items 2 --tokens 16 --setups lora   # a quick look
 
 Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios.
 Notes: the reference never applies a chat template, so ours runs with ``chat_template=False``
@@ -57,8 +61,14 @@ OURS = COMMON + textwrap.dedent("""
                           max_new_tokens=tokens, min_new_tokens=tokens, eval_interval=0,
                           logging_steps=1, early_termination_threshold=None, seed=0,
                           output_dir=spec["out"])
+    peft = None
+    if spec["setup"] == "lora":
+        from peft import LoraConfig
+        peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        config.agent_learning_rate = 1e-4  # a LoRA rate; the work per step is the same
     trainer = MAGRPOTrainer(agent_model=model, train_dataset=train, args=config,
-                            model_config={"chat_template": False}, **task)
+                            model_config={"chat_template": False}, peft_config=peft, **task)
     start = time.perf_counter()
     trainer.train()
     report(time.perf_counter() - start, trainer.env_step)
@@ -84,6 +94,10 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--setups", nargs="+", choices=["full", "lora"], default=["full", "lora"],
+        help="ours: full fine-tuning (the reference's work) and/or adapter agents",
+    )  # fmt: skip
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "comlrl-venv")
     args = parser.parse_args()
 
@@ -95,7 +109,7 @@ def main() -> None:
         f"model: SmolLM2-135M-Instruct ({model}); 2 agents, G=4, {args.tokens} forced tokens, "
         f"{args.items} items, {args.threads} threads"
     )
-    header = f"{'turns':>5} {'library':>8} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
+    header = f"{'turns':>5} {'library':>12} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
     print(header)
     for turns in args.turns:
         with tempfile.TemporaryDirectory() as out:
@@ -106,21 +120,23 @@ def main() -> None:
                 "model": model,
                 "out": out,
             }
-            results = {
-                "comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads),
-                "cmlrl": run(sys.executable, OURS, spec, args.threads),
-            }
+            results = {"comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads)}
+            for setup in args.setups:
+                spec["setup"] = setup
+                results[f"cmlrl-{setup}"] = run(sys.executable, OURS, spec, args.threads)
         for name, r in results.items():
             print(
-                f"{turns:>5} {name:>8} {r['seconds'] / r['items']:>8.2f} "
+                f"{turns:>5} {name:>12} {r['seconds'] / r['items']:>8.2f} "
                 f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}"
             )
-        ref, ours = results["comlrl"], results["cmlrl"]
-        speed = (ref["seconds"] / ref["items"]) / (ours["seconds"] / ours["items"])
-        print(
-            f"{turns:>5} {'ratio':>8} {speed:>7.2f}x faster per item; peak memory "
-            f"{ours['peak_gb'] / ref['peak_gb']:.2f}x the reference's"
-        )
+        ref = results["comlrl"]
+        for setup in args.setups:
+            ours = results[f"cmlrl-{setup}"]
+            speed = (ref["seconds"] / ref["items"]) / (ours["seconds"] / ours["items"])
+            print(
+                f"{turns:>5} {'ratio ' + setup:>12} {speed:>7.2f}x faster per item; peak memory "
+                f"{ours['peak_gb'] / ref['peak_gb']:.2f}x the reference's"
+            )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from cmlrl_agents.actor_critic_learner import ActorCriticLearner
 from cmlrl_agents.actor_critic_rollouts import RolloutSample, chain_gae
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.policy import LLMAgent
-from cmlrl_agents.reference import frozen_copies
+from cmlrl_agents.reference import reference_policies
 from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.team import build_agents
 from cmlrl_agents.trainer_base import IndexedItem, TeamTrainer
@@ -111,11 +111,11 @@ class _ActorCriticTrainer(TeamTrainer):
             )
         return args
 
-    def _reference_copies(self) -> list[torch.nn.Module] | None:
+    def _reference_copies(self) -> list[Any] | None:
         if not self.args.reference_kl_enabled:
             return None
         devices = resolve_devices(self.args.reference_devices, self.num_agents, "reference_devices")
-        return frozen_copies([agent.model for agent in self.agents], devices)
+        return reference_policies(self.agents, devices)
 
     @property
     def critics(self) -> list[ValueModel]:
@@ -222,10 +222,12 @@ class _ActorCriticTrainer(TeamTrainer):
             self.agents,
             items,
             num_generations=args.num_generations,
-            sampling=self.sampling,
+            sampling=self.agent_sampling,
+            backend=self.generation_backend,
         )
         batch = self.learner.batch(tree)
         metrics = self.learner.update(batch)
+        self.generation_backend.sync(self.agents)
         if self.metrics_callback is not None:
             extra = self._run_callback([s for agent in batch.samples for s in agent])
             clash = sorted(set(extra) & set(metrics))

@@ -31,6 +31,7 @@ from cmlrl_agents.actor_critic_rollouts import (
     normalized,
     value_metrics,
 )
+from cmlrl_agents.adapters import checkpoint_models
 from cmlrl_agents.losses import policy_gradient_loss, value_loss
 from cmlrl_agents.metrics import turn_metrics
 from cmlrl_agents.optim import clip_and_step, make_adamw
@@ -38,7 +39,7 @@ from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.reference import kl_turn_means, kl_turn_stats, reference_kl
 from cmlrl_agents.rollout import RolloutTree
 from cmlrl_agents.schedules import apply_learning_rates, make_schedulers, steps_per_round
-from cmlrl_agents.tokens import TokenBatch, build_batch, sequence_logprobs
+from cmlrl_agents.tokens import TokenBatch, build_batch
 from cmlrl_agents.value_head import ValueModel
 from cmlrl_env.core import EpisodeState
 
@@ -69,7 +70,7 @@ class ActorCriticLearner:
         args: ActorCriticConfig,
         *,
         centralized: bool,
-        reference_models: list[torch.nn.Module] | None,
+        reference_models: list[Any] | None,
     ) -> None:
         self.agents, self.critics = list(agents), list(critics)
         self.critic_encoders = list(critic_encoders)  # tokenizer (and chat template) per critic
@@ -103,7 +104,7 @@ class ActorCriticLearner:
         )
 
     def _actor_optimizer(self, a: int) -> torch.optim.Optimizer:
-        params = [p for p in self.agents[a].model.parameters() if p.requires_grad]
+        params = self.agents[a].trainable_parameters()
         groups: list[dict[str, Any]] = [{"params": params}]
         critic = self.critics[self.critic_index(a)]
         if critic.shared:
@@ -150,6 +151,8 @@ class ActorCriticLearner:
         inputs = self.critic_inputs(tree) if inputs is None else inputs
         args, per_critic = self.args, []
         for c, critic in enumerate(self.critics):
+            if critic.shared:  # a head on an adapter agent reads through that agent's adapter
+                self.agents[self.critic_agent(c)].activate()
             flat = critic.values(
                 list(inputs[c].values()),
                 self.critic_encoders[c].pad_token_id,
@@ -179,7 +182,7 @@ class ActorCriticLearner:
         with torch.no_grad():
             for start in range(0, len(samples), size):
                 batch = _token_batch(agent, samples[start : start + size])
-                lp = sequence_logprobs(agent.model, batch).cpu()
+                lp = agent.score(batch).cpu()
                 mask = batch.completion_mask.bool().cpu()
                 out.extend(row[m] for row, m in zip(lp, mask, strict=True))
         return out
@@ -276,10 +279,10 @@ class ActorCriticLearner:
         if critic.shared and critic.model is agent.model:
             # The value head reads the trunk during this very scoring forward.
             with critic.capture() as captured:
-                logprobs = sequence_logprobs(agent.model, batch)
+                logprobs = agent.score(batch)
             values = captured.values(torch.tensor([len(s.prompt_ids) - 1 for s in chunk]))
         else:
-            logprobs, values = sequence_logprobs(agent.model, batch), None
+            logprobs, values = agent.score(batch), None
         mask = batch.completion_mask
         old_lp = None
         if old is not None:
@@ -340,9 +343,7 @@ class ActorCriticLearner:
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
         """``agent_i`` and ``critic_i`` (a shared critic is its head alone; the head's optimizer
         state is in its actor's optimizer)."""
-        models: dict[str, torch.nn.Module] = {
-            f"agent_{i}": agent.model for i, agent in enumerate(self.agents)
-        }
+        models: dict[str, torch.nn.Module] = checkpoint_models(self.agents)
         optimizers: dict[str, Any] = {f"agent_{i}": o for i, o in enumerate(self.optimizers)}
         models.update({f"critic_{c}": critic for c, critic in enumerate(self.critics)})
         optimizers.update({f"critic_{c}": opt for c, opt in enumerate(self.critic_optimizers)})

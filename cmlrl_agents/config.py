@@ -19,6 +19,11 @@ __all__ = ["ValidatedConfig", "SharedConfig"]
 LR_SCHEDULER_TYPES = ("constant", "linear", "cosine")
 """The learning-rate shapes after warmup (``transformers.get_scheduler``'s, see schedules.py)."""
 
+SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k")
+"""The generation settings ``agent_sampling`` may set per agent."""
+
+GENERATION_BACKENDS = ("hf", "vllm")
+
 MAX_SEED = 2**32 - 1
 """numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
 
@@ -168,6 +173,14 @@ class SharedConfig(ValidatedConfig):
     temperature: float = 0.6
     top_p: float = 0.6
     top_k: int | None = 50
+    agent_sampling: list[dict[str, Any]] | None = None
+    """Per-agent sampling: one dict per agent overriding any of ``max_new_tokens``,
+    ``min_new_tokens``, ``temperature``, ``top_p``, ``top_k`` for that agent (``{}`` keeps the
+    shared fields). Adapter agents of one base share one generate call only when their settings
+    are equal: rows are grouped by settings, one call per distinct setting."""
+    generation_backend: str = "hf"
+    """"hf" (transformers ``generate``) or "vllm" (the optional ``cmlrl[vllm]`` extra; serves
+    the adapters of LoRA agents per request and reloads them after each update)."""
     discount: float = 1.0
     """Weight of later turns in a turn's return."""
     early_termination_threshold: float | None = -0.2
@@ -231,11 +244,7 @@ class SharedConfig(ValidatedConfig):
         self._real("top_p", 0.0, 1.0, low_open=True)
         self._int("top_k", 1, optional=True)
         self._int("min_new_tokens", 0)
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"min_new_tokens={self.min_new_tokens} is larger than max_new_tokens="
-                f"{self.max_new_tokens}; lower min_new_tokens or raise max_new_tokens."
-            )
+        self._check_generation()
         self._real("discount", 0.0, 1.0)
         self._real("early_termination_threshold", optional=True)
         self._int("eval_interval", 0)
@@ -279,6 +288,47 @@ class SharedConfig(ValidatedConfig):
                 "throughput comes from batching (rollout_buffer_size items per batched generate, "
                 "forward_batch_size for scoring). Leave parallel_training unset."
             )
+
+    def _check_generation(self) -> None:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} is larger than max_new_tokens="
+                f"{self.max_new_tokens}; lower min_new_tokens or raise max_new_tokens."
+            )
+        self._choice("generation_backend", GENERATION_BACKENDS)
+        value = self.agent_sampling
+        if value is None:
+            return
+        if not isinstance(value, list) or not all(isinstance(d, dict) for d in value):
+            raise TypeError(
+                f"agent_sampling must be None or a list of dicts (one per agent), got {value!r}."
+            )
+        if self.num_agents is not None and len(value) != self.num_agents:
+            raise ValueError(
+                f"agent_sampling has {len(value)} entries but num_agents={self.num_agents}; give "
+                "one dict per agent ({} keeps the shared settings)."
+            )
+        for i, overrides in enumerate(value):
+            self.sampling_for(i, overrides)
+
+    def sampling_for(self, agent: int, overrides: dict[str, Any] | None = None) -> Any:
+        """Agent ``agent``'s ``SamplingConfig``: the shared fields with its ``agent_sampling``
+        entry applied."""
+        from cmlrl_agents.policy import SamplingConfig
+
+        if overrides is None:
+            overrides = {} if self.agent_sampling is None else self.agent_sampling[agent]
+        unknown = sorted(set(overrides) - set(SAMPLING_KEYS))
+        if unknown:
+            raise ValueError(
+                f"agent_sampling[{agent}] has unknown key(s) {unknown}; valid keys: "
+                f"{list(SAMPLING_KEYS)}."
+            )
+        fields_ = {key: getattr(self, key) for key in SAMPLING_KEYS} | overrides
+        try:
+            return SamplingConfig(**fields_)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"agent_sampling[{agent}]={overrides!r}: {exc}") from None
 
     @property
     def items_per_step(self) -> int:

@@ -50,7 +50,8 @@ def eval_chains(tree: RolloutTree) -> list[list[list[str]]]:
 class MAGRPOTrainer(TeamTrainer):
     """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
 
-    Construct with ``agent_model="<hub id or folder>"`` (one copy per agent) or
+    Construct with ``agent_model="<hub id or folder>"`` (one copy per agent, or with
+    ``peft_config=LoraConfig(...)`` one LoRA adapter per agent over one shared base) or
     ``agents=[model, ...]`` plus ``tokenizer=``; the task as ``train_dataset``, ``formatters``,
     ``reward_func`` (``reward_processor``, ``external_transition``), as one ``task=TaskSpec(...)``
     or as a ready ``env=``.
@@ -120,13 +121,16 @@ class MAGRPOTrainer(TeamTrainer):
             self.agents,
             items,
             num_generations=args.num_generations,
-            sampling=self.sampling,
+            sampling=self.agent_sampling,
             joint_mode=args.joint_mode,
+            backend=self.generation_backend,
         )
         if args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0:
             self.save_tree(tree)
         self.rounds += 1
-        return self.learner.update(tree), tree.env_steps
+        metrics = self.learner.update(tree)
+        self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
+        return metrics, tree.env_steps
 
     def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
         """Draw the first item of ``tree`` with this trainer's return and advantage settings

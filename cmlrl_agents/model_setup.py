@@ -29,6 +29,7 @@ from torch import nn
 __all__ = [
     "check_local_model_path",
     "check_vocabulary",
+    "eval_mode",
     "fp32_master_weights",
     "only_our_generation_settings",
     "ChatFormat",
@@ -102,6 +103,18 @@ def check_local_model_path(name_or_path: str | os.PathLike[str]) -> None:
             "folder that holds config.json and the weights, or a hub id such as "
             "'HuggingFaceTB/SmolLM2-135M-Instruct'."
         )
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode within the block, its own mode restored afterwards (also on
+    error): no dropout while sampling, and peft's mixed-adapter batches require it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @contextmanager

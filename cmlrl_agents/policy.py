@@ -25,10 +25,12 @@ from cmlrl_agents.model_setup import (
     ChatFormat,
     check_local_model_path,
     check_vocabulary,
+    eval_mode,
     fp32_master_weights,
     only_our_generation_settings,
 )
 from cmlrl_agents.tokens import (
+    TokenBatch,
     build_batch,
     completion_lists,
     completion_mask_from_generated,
@@ -137,6 +139,8 @@ class LLMAgent:
             ``False`` tokenizes prompts as plain text.
         system_prompt: a system turn put before each prompt (needs the chat template).
         device: where to move the model; ``None`` keeps it where it is.
+        adapter: this agent's LoRA adapter on ``model``, a ``PeftModel`` shared with other
+            agents (see :mod:`cmlrl_agents.adapters`); only its parameters train.
 
     The template and any system turn it adds are logged once (``cmlrl_agents.policy`` logger).
     A prompt that already carries the template (a formatter that called
@@ -152,7 +156,15 @@ class LLMAgent:
         chat_template: bool | None = None,
         system_prompt: str | None = None,
         device: torch.device | str | None = None,
+        adapter: str | None = None,
     ) -> None:
+        if adapter is not None and adapter not in (getattr(model, "peft_config", None) or {}):
+            raise ValueError(
+                f"adapter={adapter!r} is not an adapter of the given model "
+                f"({type(model).__name__}); add it first (model.add_adapter({adapter!r}, config)) "
+                "or build adapter agents with the trainer's peft_config=..."
+            )
+        self.adapter = adapter
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat_template and not has_template:
             raise ValueError(
@@ -197,6 +209,17 @@ class LLMAgent:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def activate(self) -> None:
+        """Make this agent's adapter the active one on its shared base (no-op without one)."""
+        if self.adapter is not None and self.model.active_adapter != self.adapter:
+            self.model.set_adapter(self.adapter)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What this agent's optimizer steps: its adapter, or its model's trainable weights."""
+        if self.adapter is None:
+            return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for n, p in self.model.named_parameters() if f".{self.adapter}." in n]
 
     def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt: chat-templated with the assistant turn opened, or plain
@@ -251,37 +274,55 @@ class LLMAgent:
             raise ValueError(f"num_samples={num_samples!r} must be a positive int")
         if not prompt_ids:
             raise ValueError("prompts is empty; pass at least one prompt")
-        sampling = sampling if sampling is not None else SamplingConfig()
         rows = [list(ids) for ids in prompt_ids for _ in range(num_samples)]
+        flat = self.generate_rows(rows, sampling)
+        return [flat[i : i + num_samples] for i in range(0, len(flat), num_samples)]
+
+    def generate_rows(
+        self,
+        rows: Sequence[Sequence[int]],
+        sampling: SamplingConfig | None = None,
+        adapter_names: Sequence[str] | None = None,
+    ) -> list[Completion]:
+        """One completion per row of prompt ids from ONE ``generate`` call; ``adapter_names``
+        (one per row, peft's mixed-adapter batch) or None (this agent's adapter, if any)."""
+        sampling = sampling if sampling is not None else SamplingConfig()
+        rows = [list(ids) for ids in rows]
         input_ids, attention_mask = left_pad(rows, self.pad_token_id)
-        new_ids, mask = self._generate_tokens(input_ids, attention_mask, sampling)
+        new_ids, mask = self._generate_tokens(input_ids, attention_mask, sampling, adapter_names)
         kept = completion_lists(new_ids, mask)
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
         eos = self.eos_token_ids
-        flat = [
+        return [
             Completion(text, tuple(prompt), tuple(ids), bool(ids) and ids[-1] in eos)
             for prompt, ids, text in zip(rows, kept, texts, strict=True)
         ]
-        return [flat[i : i + num_samples] for i in range(0, len(flat), num_samples)]
 
     def _generate_tokens(
-        self, input_ids: Tensor, attention_mask: Tensor, sampling: SamplingConfig
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        sampling: SamplingConfig,
+        adapter_names: Sequence[str] | None,
     ) -> tuple[Tensor, Tensor]:
         device = self.device
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling; PEFT multi-adapter batches require it
-        try:
-            with torch.inference_mode(), only_our_generation_settings(self.model):
-                generated = self.model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
-                    pad_token_id=self.pad_token_id,
-                    eos_token_id=sorted(self.eos_token_ids),
-                    return_dict_in_generate=False,
-                    **sampling.generate_kwargs(),
-                )
-        finally:
-            self.model.train(was_training)
+        extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
+        self.activate()
+        # eval: no dropout while sampling, and peft's mixed-adapter batches require it.
+        with (
+            eval_mode(self.model),
+            torch.inference_mode(),
+            only_our_generation_settings(self.model),
+        ):
+            generated = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                pad_token_id=self.pad_token_id,
+                eos_token_id=sorted(self.eos_token_ids),
+                return_dict_in_generate=False,
+                **sampling.generate_kwargs(),
+                **extra,
+            )
         return completion_mask_from_generated(
             generated.cpu(), input_ids.shape[1], self.eos_token_ids
         )
@@ -296,7 +337,24 @@ class LLMAgent:
         """``[B, L]`` log-probs of each completion token (0 elsewhere) from one padded forward;
         ``.sum(-1)`` gives sequence log-probs. Differentiable unless called under ``no_grad``."""
         batch = build_batch(prompt_ids, completion_ids, self.pad_token_id).to(self.device)
-        return sequence_logprobs(self.model, batch, chunk=chunk)
+        return self.score(batch, chunk=chunk)
+
+    def score(
+        self,
+        batch: TokenBatch,
+        *,
+        chunk: int | None = None,
+        adapter_names: Sequence[str] | None = None,
+    ) -> Tensor:
+        """``[B, L]`` completion log-probs of a built batch under this agent's adapter, or each
+        row under its own (``adapter_names``: one pass for several agents of a shared base, in
+        eval mode as peft requires, so only without active dropout). The learners' one scoring
+        call: a faster scorer swaps in here."""
+        if adapter_names is None:
+            self.activate()
+            return sequence_logprobs(self.model, batch, chunk=chunk)
+        with eval_mode(self.model):
+            return sequence_logprobs(self.model, batch, chunk=chunk, adapter_names=adapter_names)
 
     @classmethod
     def from_pretrained(

@@ -15,17 +15,24 @@ from dataclasses import dataclass
 
 import torch
 
+from cmlrl_agents.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.devices import resolve_devices
-from cmlrl_agents.losses import policy_gradient_loss
+from cmlrl_agents.losses import kl_k3, policy_gradient_loss
 from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.metrics import turn_metrics
 from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
-from cmlrl_agents.reference import frozen_copies, kl_turn_means, kl_turn_stats, reference_kl
+from cmlrl_agents.reference import (
+    Reference,
+    kl_turn_means,
+    kl_turn_stats,
+    reference_kl,
+    reference_policies,
+)
 from cmlrl_agents.rollout import RolloutTree
 from cmlrl_agents.schedules import apply_learning_rates, make_schedulers, steps_per_round
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.tokens import TokenBatch, build_batch
 
 __all__ = ["PolicyGradientLearner", "Sample", "agent_samples"]
 
@@ -77,19 +84,14 @@ class PolicyGradientLearner:
         self.agents = list(agents)
         self.args = args
         self.optimizers: list[torch.optim.Optimizer] = [
-            make_adamw(
-                (p for p in agent.model.parameters() if p.requires_grad),
-                args.agent_learning_rate,
-                f"agents[{i}]",
-            )
+            make_adamw(agent.trainable_parameters(), args.agent_learning_rate, f"agents[{i}]")
             for i, agent in enumerate(self.agents)
         ]
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
-        self.reference_models: list[torch.nn.Module] | None = (
-            frozen_copies([a.model for a in self.agents], devices)
-            if args.reference_kl_enabled
-            else None
+        self.reference_models: list[Reference] | None = (
+            reference_policies(self.agents, devices) if args.reference_kl_enabled else None
         )
+        """Per agent: a frozen copy, or (adapter agents) the base with adapters disabled."""
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         """Per optimizer (``agent_i``), when ``lr_scheduler_type``/``warmup_steps`` ask for one."""
 
@@ -113,11 +115,12 @@ class PolicyGradientLearner:
         metrics = turn_metrics(tree, joint_returns)
         agent_returns = tree.agent_returns(joint_returns)
         losses, norms = [], []
-        for a in range(len(self.agents)):
-            samples = agent_samples(
-                tree, a, agent_returns, args.advantage_mode, args.advantage_normalization
-            )
-            stats = self.update_agent(a, samples)
+        samples = [
+            agent_samples(tree, a, agent_returns, args.advantage_mode, args.advantage_normalization)
+            for a in range(len(self.agents))
+        ]
+        per_agent = self.update_agents(samples)
+        for a, stats in enumerate(per_agent):
             for level, returns in zip(tree.levels, agent_returns, strict=True):
                 stats[f"turn_{level.turn}/expected_return"] = float(returns[:, a].mean())
             metrics.update({f"agent_{a}/{k}": v for k, v in stats.items()})
@@ -128,17 +131,78 @@ class PolicyGradientLearner:
         metrics.update(kl_turn_means(metrics, len(self.agents), self.args.num_turns))
         return metrics
 
-    def update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm."""
+    def update_agents(self, samples: list[list[Sample]]) -> list[dict[str, float]]:
+        """Every agent's steps (``samples[a]``): adapter agents of one base (without active
+        dropout) score together in mixed-adapter passes, the others one by one."""
+        out: list[dict[str, float]] = [{} for _ in self.agents]
+        joint = joint_groups(self.agents)
+        for group in joint:
+            for a, stats in zip(group, self.update_agent(group, samples), strict=True):
+                out[a] = stats
+        for a in set(range(len(self.agents))) - {a for g in joint for a in g}:
+            out[a] = self.update_agent([a], samples)[0]
+        return out
+
+    def update_agent(self, group: list[int], samples: list[list[Sample]]) -> list[dict[str, float]]:
+        """One optimizer step per agent of ``group`` per ``train_batch_size`` items; per agent
+        its mean loss and grad norm."""
         per_step = self.args.items_per_step
-        slots = sorted({s.item_slot for s in samples})
-        stats: dict[str, list[float]] = defaultdict(list)
+        slots = sorted({s.item_slot for a in group for s in samples[a]})
+        stats: list[dict[str, list[float]]] = [defaultdict(list) for _ in group]
         for i in range(0, len(slots), per_step):
             chosen = set(slots[i : i + per_step])
-            step_stats = self.step(a, [s for s in samples if s.item_slot in chosen])
-            for key, value in step_stats.items():
-                stats[key].append(value)
-        return {key: sum(v) / len(v) for key, v in stats.items()}
+            rows = [[s for s in samples[a] if s.item_slot in chosen] for a in group]
+            step_stats = (
+                [self.step(group[0], rows[0])] if len(group) == 1 else self.step_joint(group, rows)
+            )
+            for into, got in zip(stats, step_stats, strict=True):
+                for key, value in got.items():
+                    into[key].append(value)
+        return [{key: sum(v) / len(v) for key, v in st.items()} for st in stats]
+
+    def step_joint(self, group: list[int], rows: list[list[Sample]]) -> list[dict[str, float]]:
+        """One optimizer step of each agent of ``group`` (adapters of one base) from passes that
+        score every agent's rows together (``forward_batch_size`` rows each); each agent's loss
+        is scaled exactly as in :meth:`step`, and its adapter receives only its own gradient."""
+        args, lead = self.args, self.agents[group[0]]
+        for a in group:
+            self.optimizers[a].zero_grad(set_to_none=True)
+        flat = [(k, s) for k, agent_rows in enumerate(rows) for s in agent_rows]
+        totals = [sum(len(s.completion_ids) for s in agent_rows) for agent_rows in rows]
+        size = args.forward_batch_size or len(flat)
+        loss_sums, kls = [0.0] * len(group), [defaultdict(list) for _ in group]
+        for start in range(0, len(flat), size):
+            chunk = flat[start : start + size]
+            batch = build_batch(
+                [s.prompt_ids for _, s in chunk], [s.completion_ids for _, s in chunk],
+                lead.pad_token_id,
+            ).to(lead.device)  # fmt: skip
+            names = [self.agents[group[k]].adapter for k, _ in chunk]
+            # The group's one reference (the base, adapters off) in one pass, before the policy
+            # pass: leaving disable_adapter() re-freezes every adapter but the active one.
+            refs = self.reference_models
+            ref = None if refs is None else refs[group[0]].logprobs(batch)
+            for a in group:
+                for p in self.agents[a].trainable_parameters():
+                    p.requires_grad_(True)  # every adapter in the pass trains, not the active one
+            logprobs = lead.score(batch, adapter_names=names)
+            total = logprobs.new_zeros(())
+            for k, a in enumerate(group):
+                idx = [i for i, (owner, _) in enumerate(chunk) if owner == k]
+                if not idx:
+                    continue
+                mine = [chunk[i][1] for i in idx]
+                sub = batch.select(idx)
+                loss, kl = self._loss(
+                    a, mine, logprobs[idx], sub, len(rows[k]), totals[k],
+                    None if ref is None else ref[idx],
+                )  # fmt: skip
+                total = total + loss
+                loss_sums[k] += float(loss.detach())
+                for s, value in zip(mine, [] if kl is None else kl.tolist(), strict=False):
+                    kls[k][s.turn].append(value)
+            total.backward()
+        return [self._finish_step(a, loss_sums[k], kls[k]) for k, a in enumerate(group)]
 
     def step(self, a: int, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step of agent ``a`` over ``samples`` (forwards of
@@ -151,27 +215,45 @@ class PolicyGradientLearner:
         loss_sum, kl_by_turn = 0.0, defaultdict(list)
         for start in range(0, len(samples), size):
             chunk = samples[start : start + size]
-            loss, kl = self._chunk_loss(a, chunk, len(samples), total_tokens)
+            batch = build_batch(
+                [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
+                agent.pad_token_id,
+            ).to(agent.device)  # fmt: skip
+            loss, kl = self._loss(a, chunk, agent.score(batch), batch, len(samples), total_tokens)
             loss.backward()
             loss_sum += float(loss.detach())
             if kl is not None:
                 for s, value in zip(chunk, kl.tolist(), strict=True):
                     kl_by_turn[s.turn].append(value)
-        stats = {"loss": loss_sum, "grad_norm": clip_and_step(optimizer, args.max_grad_norm)}
+        return self._finish_step(a, loss_sum, kl_by_turn)
+
+    def _finish_step(
+        self, a: int, loss_sum: float, kl_by_turn: dict[int, list[float]]
+    ) -> dict[str, float]:
+        """Clip and step agent ``a``'s optimizer (and scheduler); the step's stats."""
+        args = self.args
+        stats = {
+            "loss": loss_sum,
+            "grad_norm": clip_and_step(self.optimizers[a], args.max_grad_norm),
+        }
         if f"agent_{a}" in self.schedulers:
             self.schedulers[f"agent_{a}"].step()
         stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
         return stats
 
-    def _chunk_loss(
-        self, a: int, chunk: list[Sample], num_samples: int, total_tokens: int
+    def _loss(
+        self,
+        a: int,
+        chunk: list[Sample],
+        logprobs: torch.Tensor,
+        batch: TokenBatch,
+        num_samples: int,
+        total_tokens: int,
+        ref_logprobs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """This chunk's share of the step loss, scaled so that chunking changes nothing."""
+        """This chunk's share of agent ``a``'s step loss (its rows' ``logprobs``), scaled so that
+        chunking changes nothing."""
         agent, args = self.agents[a], self.args
-        batch = build_batch(
-            [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], agent.pad_token_id
-        ).to(agent.device)
-        logprobs = sequence_logprobs(agent.model, batch)
         mask = batch.completion_mask
         advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
         if args.loss_aggregation == "sequence_sum":
@@ -181,14 +263,17 @@ class PolicyGradientLearner:
         loss = policy_gradient_loss(logprobs, mask, advantages, args.loss_aggregation) * weight
         if self.reference_models is None:
             return loss, None
-        kl = reference_kl(self.reference_models[a], batch, logprobs)
+        if ref_logprobs is None:
+            kl = reference_kl(self.reference_models[a], batch, logprobs)
+        else:  # already read (a joint pass of a shared base)
+            kl = kl_k3(logprobs, ref_logprobs, mask)
         loss = loss + args.reference_kl_coef * kl.mean() * (len(chunk) / num_samples)
         return loss, kl.detach()
 
     # -- saving ---------------------------------------------------------------------------------
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, object]]:
         """The trainable models and their optimizers, by checkpoint name."""
-        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
+        models = checkpoint_models(self.agents)
         optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
         return models, optimizers
 

@@ -22,7 +22,7 @@ from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.preference_config import MADPOConfig
 from cmlrl_agents.preference_losses import dpo_loss, dpo_margin_stats, joint_log_ratio
 from cmlrl_agents.preference_pairs import PreferencePair
-from cmlrl_agents.reference import frozen_copies, reference_logprobs
+from cmlrl_agents.reference import reference_logprobs, reference_policies
 from cmlrl_agents.schedules import apply_learning_rates, make_schedulers
 from cmlrl_agents.tokens import build_batch, sequence_logprobs
 
@@ -78,7 +78,7 @@ class DPOLearner:
             for i, agent in enumerate(self.agents)
         ]
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
-        self.reference_models = frozen_copies([a.model for a in self.agents], devices)
+        self.reference_models = reference_policies(self.agents, devices)
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
 
     def schedule(self, rounds: object = None) -> None:

@@ -1,8 +1,9 @@
 """Rollouts: the one place where the env and the policies meet.
 
 ``collect_tree`` plays a batch of task items level by level (turn by turn). At each level every
-agent answers every open branch of every item with ONE batched ``generate`` call (G samples per
-branch), and the env scores each item's joint actions with one ``reward_func`` call
+agent answers every open branch of every item in ONE batched ``generate`` call (G samples per
+branch; adapter agents of one base share one call, see :mod:`cmlrl_agents.generation`), and
+the env scores each item's joint actions with one ``reward_func`` call
 (``CoMLRLEnv.step_group``, which applies the env's checks before the pure ``Task.step_group``);
 each joint action that goes on becomes a child branch of the next level. Evaluation is the same
 walk with G = 1: one response per agent per turn.
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from cmlrl_agents.generation import GenerationBackend, GenerationRequest, HFGenerate
 from cmlrl_agents.policy import Completion, SamplingConfig
 from cmlrl_agents.returns import cross_credit, tree_returns
 from cmlrl_env.core import EpisodeState, Outcome
@@ -148,15 +150,24 @@ def collect_tree(
     items: Sequence[tuple[Mapping[str, Any], int | None]],
     *,
     num_generations: int,
-    sampling: SamplingConfig,
+    sampling: SamplingConfig | Sequence[SamplingConfig],
     joint_mode: str = "aligned",
+    backend: GenerationBackend | None = None,
 ) -> RolloutTree:
     """Roll out ``items`` (``(item, index)`` pairs) through every turn of ``env`` with
-    ``num_generations`` per branch, through its public group step only."""
+    ``num_generations`` per branch, through its public group step only.
+
+    ``sampling`` is one setting for every agent or one per agent; ``backend`` answers each
+    level's requests (default :class:`~cmlrl_agents.generation.HFGenerate`: one ``generate``
+    call per agent, or one for all adapter agents of a shared base with equal settings)."""
     states = [env.initial_state(item, index) for item, index in items]
     num_agents = len(states[0].prompts) if states else len(agents)
     if len(agents) != num_agents:
         raise ValueError(f"{len(agents)} agents for a task of {num_agents} agents.")
+    per_agent = [sampling] * len(agents) if isinstance(sampling, SamplingConfig) else sampling
+    if len(per_agent) != len(agents):
+        raise ValueError(f"{len(per_agent)} sampling settings for {len(agents)} agents.")
+    backend = HFGenerate() if backend is None else backend
     tree = RolloutTree(list(items), num_agents, num_generations, env.num_turns)
     joints = joint_indices(num_agents, num_generations, joint_mode)
     slots, parents = list(range(len(items))), [-1] * len(items)
@@ -164,10 +175,11 @@ def collect_tree(
         if not states:
             break
         _check_encodable(states, turn)
-        completions = [
-            agent.generate([s.prompts[a] for s in states], num_generations, sampling)
-            for a, agent in enumerate(agents)
+        requests = [
+            GenerationRequest(a, [s.prompts[a] for s in states], num_generations, per_agent[a])
+            for a in range(len(agents))
         ]
+        completions = backend.generate(agents, requests)
         outcomes = _step_items(env, states, slots, completions, joints)
         tree.levels.append(Level(turn, states, slots, parents, completions, joints, outcomes))
         states, slots, parents = _children(outcomes, slots, len(joints))

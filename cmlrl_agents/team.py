@@ -2,8 +2,10 @@
 
 ``agent_model="Qwen/Qwen2.5-0.5B"`` (a hub id or a local folder) loads one independent copy per
 agent; ``agents=[model_a, model_b]`` with ``tokenizer=`` uses given models; ``LLMAgent`` objects
-are used as they are. The team size comes from whichever of ``num_agents=``, ``args.num_agents``,
-``agents`` and the formatters list is given, and they must agree (the reference silently ignores
+are used as they are. ``peft_config=LoraConfig(...)`` makes each agent a LoRA adapter (one base
+per distinct model, loaded once from ``agent_model``; see :mod:`cmlrl_agents.adapters`). The
+team size comes from whichever of ``num_agents=``, ``args.num_agents``, ``agents`` and the
+formatters list is given, and they must agree (the reference silently ignores
 ``args.num_agents``, bug B18).
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from cmlrl_agents.adapters import attach_adapters, check_peft_config, same_device
 from cmlrl_agents.policy import LLMAgent
 
 __all__ = ["MODEL_CONFIG_KEYS", "resolve_num_agents", "build_agents"]
@@ -76,10 +79,13 @@ def build_agents(
     model_config: Mapping[str, Any] | None = None,
     devices: Sequence[torch.device] | None = None,
     devices_field: str = "agent_devices",
+    peft_config: Any = None,
 ) -> list[LLMAgent]:
     """One ``LLMAgent`` per agent from ``agent_model`` (a str) or ``agents`` (models or agents),
-    model i on ``devices[i]`` when given (see :mod:`cmlrl_agents.devices`)."""
+    model i on ``devices[i]`` when given; with ``peft_config`` each agent is a LoRA adapter and
+    ``agent_model`` is loaded ONCE as their base (see :mod:`cmlrl_agents.adapters`)."""
     config = _check_model_config(model_config)
+    configs = check_peft_config(peft_config, num_agents)
     if devices is not None and config.get("device") is not None:
         raise ValueError(
             f"model_config['device']={config['device']!r} and args.{devices_field} both place "
@@ -103,7 +109,13 @@ def build_agents(
         specs: list[Any] = [agent_model] * num_agents
     else:
         specs = list(agents)  # type: ignore[arg-type]
-    return [
+    if configs is not None and agent_model is not None:  # one base for the whole team
+        one = _build_one(agent_model, _tokenizer_for(tokenizer, 0, num_agents), config, 0,
+                         None if devices is None else devices[0])  # fmt: skip
+        team = attach_adapters([one] * num_agents, configs)
+        same_device(team, devices)
+        return team
+    built = [
         _build_one(
             spec,
             _tokenizer_for(tokenizer, i, len(specs)),
@@ -113,6 +125,11 @@ def build_agents(
         )
         for i, spec in enumerate(specs)
     ]
+    if configs is None:
+        return built
+    team = attach_adapters(built, configs)
+    same_device(team, devices)
+    return team
 
 
 def _build_one(

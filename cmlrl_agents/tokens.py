@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -123,6 +124,13 @@ class TokenBatch:
                 f"{tuple(self.completion_mask.shape)}; build it with build_batch"
             )
 
+    def select(self, rows: Sequence[int]) -> TokenBatch:
+        """The batch of these rows (same length: their padding stays masked)."""
+        index = torch.tensor(list(rows), device=self.input_ids.device)
+        return TokenBatch(
+            self.input_ids[index], self.attention_mask[index], self.completion_mask[index]
+        )
+
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(
             self.input_ids.to(device),
@@ -206,7 +214,13 @@ def _gather_logprobs(logits: Tensor, targets: Tensor, chunk: int | None) -> Tens
     return torch.cat(pieces, dim=1)
 
 
-def sequence_logprobs(model: nn.Module, batch: TokenBatch, *, chunk: int | None = None) -> Tensor:
+def sequence_logprobs(
+    model: nn.Module,
+    batch: TokenBatch,
+    *,
+    chunk: int | None = None,
+    adapter_names: Sequence[str] | None = None,
+) -> Tensor:
     """Per-token log-probabilities of ``batch.input_ids`` under ``model``, from one forward.
 
     Returns a float32 ``[B, L]`` tensor aligned with ``input_ids``: entry ``[b, t]`` is
@@ -219,6 +233,7 @@ def sequence_logprobs(model: nn.Module, batch: TokenBatch, *, chunk: int | None 
         model: a causal LM returning ``.logits`` (Hugging Face or PEFT).
         batch: from :func:`build_batch`, on the model's device.
         chunk: positions per log-softmax step; bounds the float32 ``[B, chunk, vocab]`` temporary.
+        adapter_names: one peft adapter per row (a mixed-adapter batch of a shared base).
     """
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
@@ -233,7 +248,9 @@ def sequence_logprobs(model: nn.Module, batch: TokenBatch, *, chunk: int | None 
     first = int(has_completion.nonzero()[0, 0]) if bool(has_completion.any()) else length
     keep = length - first + 1  # logits at positions first-1 .. L-1; the last one predicts nothing
     _check_vocab(model, batch.input_ids)
-    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    if adapter_names is not None:
+        kwargs["adapter_names"] = list(adapter_names)
     out = model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **kwargs
     )

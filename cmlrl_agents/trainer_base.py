@@ -21,6 +21,7 @@ from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_agents.evaluation import mean_eval_metrics
+from cmlrl_agents.generation import GenerationBackend, make_backend
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.metrics import reward_postfix
 from cmlrl_agents.plotting import plot_metrics
@@ -29,7 +30,11 @@ from cmlrl_agents.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.schedules import round_sizes
 from cmlrl_agents.team import build_agents, resolve_num_agents
-from cmlrl_agents.trainer_checks import check_given_task, check_reference_devices
+from cmlrl_agents.trainer_checks import (
+    check_agent_sampling,
+    check_given_task,
+    check_reference_devices,
+)
 from cmlrl_agents.trainer_keywords import TASK_PIECES, TeamKeywords, check_team_keywords
 from cmlrl_agents.trainer_runs import RunMixin, resume_target, train_kwargs_error
 from cmlrl_env import CoMLRLEnv, TaskSpec
@@ -69,6 +74,7 @@ class TeamTrainer(RunMixin):
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
         check_reference_devices(args, n)
+        check_agent_sampling(args, n)
         given = tuple(team.get(k) for k in TASK_PIECES)
         self.spec: TaskSpec | None = self._task_spec(env, task, given, eval_dataset, n)
         """The run's task (None: a trainer that only saves); ``task=`` gives it whole."""
@@ -86,9 +92,12 @@ class TeamTrainer(RunMixin):
             num_agents=n,
             model_config=team.get("model_config"),
             devices=devices,
+            peft_config=team.get("peft_config"),
         )
         self.model_names = [model_name(agent_model or spec) for spec in self.agents]
         self.eval_dataset = eval_dataset
+        self.generation_backend: GenerationBackend = make_backend(args.generation_backend)
+        """Any ``GenerationBackend``; ``sync(agents)`` runs after every update."""
         self.env_step = 0
         self.items_seen = 0
         self.epoch = 0
@@ -228,6 +237,11 @@ class TeamTrainer(RunMixin):
             min_new_tokens=a.min_new_tokens,
         )
 
+    @property
+    def agent_sampling(self) -> list[SamplingConfig]:
+        """Each agent's sampling settings (``args.agent_sampling`` over the shared fields)."""
+        return [self.args.sampling_for(i) for i in range(self.num_agents)]
+
     # -- the loop -----------------------------------------------------------------------------
     def train(
         self, resume_from_checkpoint: str | Path | bool | None = None, **unsupported: Any
@@ -349,7 +363,14 @@ class TeamTrainer(RunMixin):
         for i in range(0, len(items), self.args.eval_batch_size):
             chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
             trees.append(
-                collect_tree(env, self.agents, chunk, num_generations=1, sampling=self.sampling)
+                collect_tree(
+                    env,
+                    self.agents,
+                    chunk,
+                    num_generations=1,
+                    sampling=self.agent_sampling,
+                    backend=self.generation_backend,
+                )
             )
         metrics = self._eval_metrics(trees)
         metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})

@@ -9,7 +9,7 @@ from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
 from cmlrl_env import TaskSpec
 
-__all__ = ["check_given_task", "check_reference_devices"]
+__all__ = ["check_agent_sampling", "check_given_task", "check_reference_devices"]
 
 
 def check_given_task(
@@ -45,3 +45,13 @@ def check_reference_devices(args: SharedConfig, num_agents: int) -> None:
             "reference_devices."
         )
     resolve_devices(args.reference_devices, num_agents, "reference_devices")  # before loading
+
+
+def check_agent_sampling(args: SharedConfig, num_agents: int) -> None:
+    """``args.agent_sampling`` has one entry per agent of the team."""
+    given = args.agent_sampling
+    if given is not None and len(given) != num_agents:
+        raise ValueError(
+            f"args.agent_sampling has {len(given)} entries for {num_agents} agents; give one "
+            "dict per agent ({} keeps the shared settings)."
+        )

@@ -42,6 +42,7 @@ class TeamKeywords(TypedDict, total=False):
     wandb_config: Mapping[str, Any] | None
     env: CoMLRLEnv | None
     task: TaskSpec | None
+    peft_config: Any
 
 
 def check_team_keywords(team: Mapping[str, Any], trainer: str, refused: Sequence[str] = ()) -> None:

@@ -7,6 +7,7 @@ rules (one run per folder, identity checked before any weight is loaded) and
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class RunMixin:
     algorithm: str
     args: SharedConfig
     agents: list[LLMAgent]
+    generation_backend: Any
     learner: Any
     """The algorithm's learner: ``checkpoint_parts()`` and ``apply_learning_rates()``."""
     logger: MetricsLogger
@@ -119,10 +121,19 @@ class RunMixin:
 
     # -- saving -------------------------------------------------------------------------------
     def save_model(self, output_dir: str | Path) -> None:
-        """One ``from_pretrained``-loadable folder per agent: ``output_dir/agent_i``."""
+        """One ``from_pretrained``-loadable folder per agent: ``output_dir/agent_i``; for an
+        adapter agent that folder holds its adapter alone, which
+        ``peft.PeftModel.from_pretrained(base, folder)`` loads."""
         for i, agent in enumerate(self.agents):
             folder = Path(output_dir) / f"agent_{i}"
-            agent.model.save_pretrained(folder)
+            if agent.adapter is None:
+                agent.model.save_pretrained(folder)
+            else:
+                # peft writes a named adapter into <dir>/<name>; write it there, then move it.
+                agent.model.save_pretrained(folder / "_adapter", selected_adapters=[agent.adapter])
+                for file in (folder / "_adapter" / agent.adapter).iterdir():
+                    file.replace(folder / file.name)
+                shutil.rmtree(folder / "_adapter")
             agent.tokenizer.save_pretrained(folder)
 
     def _maybe_checkpoint(self, added: int) -> None:
@@ -194,6 +205,7 @@ class RunMixin:
         self.items_seen, self.env_step = state["items_seen"], state["env_step"]
         self.logger.load_state_dict(state["logger"])
         self._apply_learning_rates()
+        self.generation_backend.sync(self.agents)  # the restored weights, also in the backend
 
     def _check_state(self, state: dict[str, Any], path: Path) -> None:
         if state.get("algorithm") != self.algorithm:
