@@ -22,10 +22,11 @@ from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.metrics import turn_metrics
 from cmlrl_agents.optim import clip_and_step, make_adamw
 from cmlrl_agents.policy import LLMAgent
+from cmlrl_agents.prefix_scoring import scorer
 from cmlrl_agents.reference import frozen_copies, kl_turn_means, kl_turn_stats, reference_kl
 from cmlrl_agents.rollout import RolloutTree
 from cmlrl_agents.schedules import apply_learning_rates, make_schedulers, steps_per_round
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.tokens import build_batch
 
 __all__ = ["PolicyGradientLearner", "Sample", "agent_samples"]
 
@@ -171,7 +172,7 @@ class PolicyGradientLearner:
         batch = build_batch(
             [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], agent.pad_token_id
         ).to(agent.device)
-        logprobs = sequence_logprobs(agent.model, batch)
+        logprobs = scorer(args.prefix_sharing)(agent.model, batch)
         mask = batch.completion_mask
         advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
         if args.loss_aggregation == "sequence_sum":
