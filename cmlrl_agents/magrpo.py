@@ -15,6 +15,7 @@ from typing import Any
 from datasets import Dataset, IterableDataset
 
 from cmlrl_agents._checks import finite_metrics
+from cmlrl_agents.distributed import aggregate_metrics, data_parallel, turn_weights
 from cmlrl_agents.magrpo_config import (
     MAGRPOConfig,
     MAREINFORCEConfig,
@@ -140,19 +141,23 @@ class MAGRPOTrainer(TeamTrainer):
 
     # -- one round ----------------------------------------------------------------------------
     def _train_batch(self, items: list[Item]) -> tuple[dict[str, float], int]:
-        args = self.args
+        args, parallel = self.args, data_parallel()
         tree = collect_tree(
             self.task,
             self.agents,
-            items,
+            parallel.shard(items, args.items_per_step),  # all of them in one process
             num_generations=args.num_generations,
             sampling=self.sampling,
             joint_mode=args.joint_mode,
         )
-        if args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0:
+        plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
+        if plot and parallel.is_main:
             self.save_tree(tree)
         self.rounds += 1
-        return self.learner.update(tree), tree.env_steps
+        metrics = self.learner.update(tree)
+        counts = {level.turn: level.num_joint_actions for level in tree.levels}
+        weights = turn_weights(metrics, counts)
+        return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
 
     def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
         """Draw the first item of ``tree`` with this trainer's return and advantage settings

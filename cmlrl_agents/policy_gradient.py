@@ -17,6 +17,7 @@ import torch
 
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.devices import resolve_devices
+from cmlrl_agents.distributed import data_parallel
 from cmlrl_agents.losses import policy_gradient_loss
 from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.metrics import turn_metrics
@@ -77,6 +78,9 @@ class PolicyGradientLearner:
     def __init__(self, agents: Sequence[LLMAgent], args: MAGRPOConfig) -> None:
         self.agents = list(agents)
         self.args = args
+        self.parallel = data_parallel()
+        """This process's share of a data parallel launch (see distributed.py)."""
+        self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.optimizers: list[torch.optim.Optimizer] = [
             make_adamw(
                 (p for p in agent.model.parameters() if p.requires_grad),
@@ -110,15 +114,18 @@ class PolicyGradientLearner:
     def update(self, tree: RolloutTree) -> dict[str, float]:
         """One round: returns, advantages and every agent's steps; the round's metrics."""
         args = self.args
-        joint_returns = tree.returns(args.discount)
+        joint_returns = tree.returns(args.discount) if tree.levels else []  # an empty shard
         metrics = turn_metrics(tree, joint_returns)
         agent_returns = tree.agent_returns(joint_returns)
         losses, norms = [], []
+        windows = self.parallel.windows(
+            int(self.parallel.sum(len(tree.items))), args.items_per_step
+        )
         for a in range(len(self.agents)):
             samples = agent_samples(
                 tree, a, agent_returns, args.advantage_mode, args.advantage_normalization
             )
-            stats = self.update_agent(a, samples)
+            stats = self.update_agent(a, samples, windows)
             for level, returns in zip(tree.levels, agent_returns, strict=True):
                 stats[f"turn_{level.turn}/expected_return"] = float(returns[:, a].mean())
             metrics.update({f"agent_{a}/{k}": v for k, v in stats.items()})
@@ -129,13 +136,17 @@ class PolicyGradientLearner:
         metrics.update(kl_turn_means(metrics, len(self.agents), self.args.num_turns))
         return metrics
 
-    def update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm."""
-        per_step = self.args.items_per_step
-        slots = sorted({s.item_slot for s in samples})
+    def update_agent(
+        self, a: int, samples: list[Sample], windows: list[list[int]] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step per ``train_batch_size`` items (``windows``: the item slots of each
+        step, by default consecutive); returns mean loss and grad norm."""
+        if windows is None:
+            slots, per_step = sorted({s.item_slot for s in samples}), self.args.items_per_step
+            windows = [slots[i : i + per_step] for i in range(0, len(slots), per_step)]
         stats: dict[str, list[float]] = defaultdict(list)
-        for i in range(0, len(slots), per_step):
-            chosen = set(slots[i : i + per_step])
+        for window in windows:
+            chosen = set(window)
             step_stats = self.step(a, [s for s in samples if s.item_slot in chosen])
             for key, value in step_stats.items():
                 stats[key].append(value)
@@ -147,18 +158,22 @@ class PolicyGradientLearner:
         agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
         agent.model.train()
         optimizer.zero_grad(set_to_none=True)
-        total_tokens = sum(len(s.completion_ids) for s in samples)
-        size = args.forward_batch_size or len(samples)
+        # Normalised by all ranks' counts, so that summed gradients are the one-process gradient.
+        total_tokens = int(self.parallel.sum(sum(len(s.completion_ids) for s in samples)))
+        num_samples = int(self.parallel.sum(len(samples)))
+        size = args.forward_batch_size or max(len(samples), 1)
         loss_sum, kl_by_turn = 0.0, defaultdict(list)
         for start in range(0, len(samples), size):
             chunk = samples[start : start + size]
-            loss, kl = self._chunk_loss(a, chunk, len(samples), total_tokens)
+            loss, kl = self._chunk_loss(a, chunk, num_samples, total_tokens)
             loss.backward()
             loss_sum += float(loss.detach())
             if kl is not None:
                 for s, value in zip(chunk, kl.tolist(), strict=True):
                     kl_by_turn[s.turn].append(value)
-        stats = {"loss": loss_sum, "grad_norm": clip_and_step(optimizer, args.max_grad_norm)}
+        self.parallel.sum_gradients(p for g in optimizer.param_groups for p in g["params"])
+        norm = clip_and_step(optimizer, args.max_grad_norm)
+        stats = {"loss": self.parallel.sum(loss_sum), "grad_norm": norm}
         if f"agent_{a}" in self.schedulers:
             self.schedulers[f"agent_{a}"].step()
         stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
