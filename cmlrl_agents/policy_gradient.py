@@ -118,14 +118,11 @@ class PolicyGradientLearner:
         metrics = turn_metrics(tree, joint_returns)
         agent_returns = tree.agent_returns(joint_returns)
         losses, norms = [], []
-        windows = self.parallel.windows(
-            int(self.parallel.sum(len(tree.items))), args.items_per_step
-        )
         for a in range(len(self.agents)):
             samples = agent_samples(
                 tree, a, agent_returns, args.advantage_mode, args.advantage_normalization
             )
-            stats = self.update_agent(a, samples, windows)
+            stats = self.update_agent(a, samples)
             for level, returns in zip(tree.levels, agent_returns, strict=True):
                 stats[f"turn_{level.turn}/expected_return"] = float(returns[:, a].mean())
             metrics.update({f"agent_{a}/{k}": v for k, v in stats.items()})
@@ -136,17 +133,17 @@ class PolicyGradientLearner:
         metrics.update(kl_turn_means(metrics, len(self.agents), self.args.num_turns))
         return metrics
 
-    def update_agent(
-        self, a: int, samples: list[Sample], windows: list[list[int]] | None = None
-    ) -> dict[str, float]:
-        """One optimizer step per ``train_batch_size`` items (``windows``: the item slots of each
-        step, by default consecutive); returns mean loss and grad norm."""
-        if windows is None:
-            slots, per_step = sorted({s.item_slot for s in samples}), self.args.items_per_step
-            windows = [slots[i : i + per_step] for i in range(0, len(slots), per_step)]
+    def update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm.
+
+        Under torchrun the steps are those of the whole round over all ranks
+        (:meth:`DataParallel.windows`): every rank takes part in each, even one without items.
+        """
+        slots = sorted({s.item_slot for s in samples})
+        round_items = int(self.parallel.sum(len(slots)))
         stats: dict[str, list[float]] = defaultdict(list)
-        for window in windows:
-            chosen = set(window)
+        for window in self.parallel.windows(round_items, self.args.items_per_step):
+            chosen = {slots[i] for i in window}
             step_stats = self.step(a, [s for s in samples if s.item_slot in chosen])
             for key, value in step_stats.items():
                 stats[key].append(value)

@@ -73,6 +73,7 @@ class TeamTrainer(RunMixin):
         extra_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.args = args
+        data_parallel()  # under torchrun: join the process group, pick LOCAL_RANK's GPU first
         n = self.team_size(args, num_agents, agents, formatters, env)
         self.num_agents = n
         devices = resolve_devices(args.agent_devices, n, "agent_devices")
