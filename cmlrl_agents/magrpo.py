@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from cmlrl_agents._checks import finite_metrics
+from cmlrl_agents.distributed import aggregate_metrics, data_parallel, turn_weights
 from cmlrl_agents.magrpo_config import (
     MAGRPOConfig,
     MAREINFORCEConfig,
@@ -115,22 +116,25 @@ class MAGRPOTrainer(TeamTrainer):
 
     # -- one round ----------------------------------------------------------------------------
     def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
-        args = self.args
+        args, parallel = self.args, data_parallel()
         tree = collect_tree(
             self.env,
             self.agents,
-            items,
+            parallel.shard(items, args.items_per_step),  # all of them in one process
             num_generations=args.num_generations,
             sampling=self.agent_sampling,
             joint_mode=args.joint_mode,
             backend=self.generation_backend,
         )
-        if args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0:
+        plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
+        if plot and parallel.is_main:
             self.save_tree(tree)
         self.rounds += 1
         metrics = self.learner.update(tree)
         self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
-        return metrics, tree.env_steps
+        counts = {level.turn: level.num_joint_actions for level in tree.levels}
+        weights = turn_weights(metrics, counts)
+        return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
 
     def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
         """Draw the first item of ``tree`` with this trainer's return and advantage settings

@@ -48,6 +48,10 @@ class MAGRPOConfig(SharedConfig):
     reference_kl_enabled: bool = False
     """Penalise divergence from a frozen copy of each agent's initial weights."""
     reference_kl_coef: float = 0.1
+    prefix_sharing: bool = True
+    """Score the G completions of a prompt over one forward of the prompt (its KV cache serves
+    them, gradients included): the same log-probs and gradients to float rounding, fewer
+    FLOPs (benchmarks/prefix_scoring.py; cmlrl_agents/prefix_scoring.py)."""
     tree_plot_interval: int = 0
     """Every N-th round (the 1st, the N+1-th, ...) draw the first item's rollout tree into
     ``output_dir/trees/env_step-<E>.png`` with ``.html`` (full texts) and ``.json`` (0: never)."""
@@ -63,6 +67,7 @@ class MAGRPOConfig(SharedConfig):
         self._choice("loss_aggregation", LOSS_AGGREGATIONS)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
+        self._bool("prefix_sharing")
         self._int("tree_plot_interval", 0)
         if self.advantage_mode == "raw" and self.advantage_normalization:
             raise ValueError(

@@ -29,6 +29,7 @@ from cmlrl_agents.model_setup import (
     fp32_master_weights,
     only_our_generation_settings,
 )
+from cmlrl_agents.prefix_scoring import scorer
 from cmlrl_agents.tokens import (
     TokenBatch,
     build_batch,
@@ -345,14 +346,16 @@ class LLMAgent:
         *,
         chunk: int | None = None,
         adapter_names: Sequence[str] | None = None,
+        prefix_sharing: bool = False,
     ) -> Tensor:
         """``[B, L]`` completion log-probs of a built batch under this agent's adapter, or each
         row under its own (``adapter_names``: one pass for several agents of a shared base, in
         eval mode as peft requires, so only without active dropout). The learners' one scoring
-        call: a faster scorer swaps in here."""
+        call. ``prefix_sharing`` runs each distinct prompt once and its completions from its
+        cache (``prefix_scoring.py``); the mixed-adapter pass is the plain padded forward."""
         if adapter_names is None:
             self.activate()
-            return sequence_logprobs(self.model, batch, chunk=chunk)
+            return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
         with eval_mode(self.model):
             return sequence_logprobs(self.model, batch, chunk=chunk, adapter_names=adapter_names)
 

@@ -18,6 +18,7 @@ import torch
 from cmlrl_agents.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.advantages import group_advantages
 from cmlrl_agents.devices import resolve_devices
+from cmlrl_agents.distributed import data_parallel
 from cmlrl_agents.losses import kl_k3, policy_gradient_loss
 from cmlrl_agents.magrpo_config import MAGRPOConfig
 from cmlrl_agents.metrics import turn_metrics
@@ -83,6 +84,9 @@ class PolicyGradientLearner:
     def __init__(self, agents: Sequence[LLMAgent], args: MAGRPOConfig) -> None:
         self.agents = list(agents)
         self.args = args
+        self.parallel = data_parallel()
+        """This process's share of a data parallel launch (see distributed.py)."""
+        self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.optimizers: list[torch.optim.Optimizer] = [
             make_adamw(agent.trainable_parameters(), args.agent_learning_rate, f"agents[{i}]")
             for i, agent in enumerate(self.agents)
@@ -111,7 +115,7 @@ class PolicyGradientLearner:
     def update(self, tree: RolloutTree) -> dict[str, float]:
         """One round: returns, advantages and every agent's steps; the round's metrics."""
         args = self.args
-        joint_returns = tree.returns(args.discount)
+        joint_returns = tree.returns(args.discount) if tree.levels else []  # an empty shard
         metrics = turn_metrics(tree, joint_returns)
         agent_returns = tree.agent_returns(joint_returns)
         losses, norms = [], []
@@ -139,18 +143,23 @@ class PolicyGradientLearner:
         for group in joint:
             for a, stats in zip(group, self.update_agent(group, samples), strict=True):
                 out[a] = stats
-        for a in set(range(len(self.agents))) - {a for g in joint for a in g}:
+        # Sorted: under torchrun every rank must all-reduce the agents in the same order.
+        for a in sorted(set(range(len(self.agents))) - {a for g in joint for a in g}):
             out[a] = self.update_agent([a], samples)[0]
         return out
 
     def update_agent(self, group: list[int], samples: list[list[Sample]]) -> list[dict[str, float]]:
         """One optimizer step per agent of ``group`` per ``train_batch_size`` items; per agent
-        its mean loss and grad norm."""
-        per_step = self.args.items_per_step
+        its mean loss and grad norm.
+
+        Under torchrun the steps are those of the whole round over all ranks
+        (:meth:`DataParallel.windows`): every rank takes part in each, even one without items.
+        """
         slots = sorted({s.item_slot for a in group for s in samples[a]})
+        round_items = int(self.parallel.sum(len(slots)))
         stats: list[dict[str, list[float]]] = [defaultdict(list) for _ in group]
-        for i in range(0, len(slots), per_step):
-            chosen = set(slots[i : i + per_step])
+        for window in self.parallel.windows(round_items, self.args.items_per_step):
+            chosen = {slots[i] for i in window}
             rows = [[s for s in samples[a] if s.item_slot in chosen] for a in group]
             step_stats = (
                 [self.step(group[0], rows[0])] if len(group) == 1 else self.step_joint(group, rows)
@@ -168,7 +177,12 @@ class PolicyGradientLearner:
         for a in group:
             self.optimizers[a].zero_grad(set_to_none=True)
         flat = [(k, s) for k, agent_rows in enumerate(rows) for s in agent_rows]
-        totals = [sum(len(s.completion_ids) for s in agent_rows) for agent_rows in rows]
+        # Normalised by all ranks' counts, as in step.
+        totals = [
+            int(self.parallel.sum(sum(len(s.completion_ids) for s in agent_rows)))
+            for agent_rows in rows
+        ]
+        counts = [int(self.parallel.sum(len(agent_rows))) for agent_rows in rows]
         size = args.forward_batch_size or len(flat)
         loss_sums, kls = [0.0] * len(group), [defaultdict(list) for _ in group]
         for start in range(0, len(flat), size):
@@ -194,7 +208,7 @@ class PolicyGradientLearner:
                 mine = [chunk[i][1] for i in idx]
                 sub = batch.select(idx)
                 loss, kl = self._loss(
-                    a, mine, logprobs[idx], sub, len(rows[k]), totals[k],
+                    a, mine, logprobs[idx], sub, counts[k], totals[k],
                     None if ref is None else ref[idx],
                 )  # fmt: skip
                 total = total + loss
@@ -210,8 +224,10 @@ class PolicyGradientLearner:
         agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
         agent.model.train()
         optimizer.zero_grad(set_to_none=True)
-        total_tokens = sum(len(s.completion_ids) for s in samples)
-        size = args.forward_batch_size or len(samples)
+        # Normalised by all ranks' counts, so that summed gradients are the one-process gradient.
+        total_tokens = int(self.parallel.sum(sum(len(s.completion_ids) for s in samples)))
+        num_samples = int(self.parallel.sum(len(samples)))
+        size = args.forward_batch_size or max(len(samples), 1)
         loss_sum, kl_by_turn = 0.0, defaultdict(list)
         for start in range(0, len(samples), size):
             chunk = samples[start : start + size]
@@ -219,7 +235,8 @@ class PolicyGradientLearner:
                 [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk],
                 agent.pad_token_id,
             ).to(agent.device)  # fmt: skip
-            loss, kl = self._loss(a, chunk, agent.score(batch), batch, len(samples), total_tokens)
+            logprobs = agent.score(batch, prefix_sharing=args.prefix_sharing)
+            loss, kl = self._loss(a, chunk, logprobs, batch, num_samples, total_tokens)
             loss.backward()
             loss_sum += float(loss.detach())
             if kl is not None:
@@ -231,11 +248,10 @@ class PolicyGradientLearner:
         self, a: int, loss_sum: float, kl_by_turn: dict[int, list[float]]
     ) -> dict[str, float]:
         """Clip and step agent ``a``'s optimizer (and scheduler); the step's stats."""
-        args = self.args
-        stats = {
-            "loss": loss_sum,
-            "grad_norm": clip_and_step(self.optimizers[a], args.max_grad_norm),
-        }
+        args, optimizer = self.args, self.optimizers[a]
+        self.parallel.sum_gradients(p for g in optimizer.param_groups for p in g["params"])
+        norm = clip_and_step(optimizer, args.max_grad_norm)
+        stats = {"loss": self.parallel.sum(loss_sum), "grad_norm": norm}
         if f"agent_{a}" in self.schedulers:
             self.schedulers[f"agent_{a}"].step()
         stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))

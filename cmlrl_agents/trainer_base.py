@@ -20,6 +20,7 @@ from transformers import set_seed
 from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
+from cmlrl_agents.distributed import data_parallel
 from cmlrl_agents.evaluation import mean_eval_metrics
 from cmlrl_agents.generation import GenerationBackend, make_backend
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
@@ -69,6 +70,7 @@ class TeamTrainer(RunMixin):
         env, task, eval_dataset = team.get("env"), team.get("task"), team.get("eval_dataset")
         agents, formatters = team.get("agents"), team.get("formatters")
         self.args = args
+        data_parallel()  # under torchrun: join the process group, pick LOCAL_RANK's GPU first
         spec = task if env is None else env.spec
         n = self.team_size(args, team.get("num_agents"), agents, formatters, spec)
         self.num_agents = n
@@ -116,12 +118,13 @@ class TeamTrainer(RunMixin):
             **dict(extra_config or {}),
             **self.args.to_dict(),
         }
+        main = data_parallel().is_main  # under torchrun only rank 0 writes files, W&B, progress
         return MetricsLogger(
-            self.run_dir,
+            self.run_dir if main else None,
             logging_steps=self.args.logging_steps,
-            wandb_config=None if wandb_config is None else dict(wandb_config),
+            wandb_config=None if wandb_config is None or not main else dict(wandb_config),
             run_config=run_config,
-            verbose=self.args.verbose,
+            verbose=self.args.verbose if main else False,
             # Another run's config.json stays until train() knows: resume it, or replace it.
             write_config=not foreign_checkpoints(self.checkpoint_root, self.run_id),
         )
@@ -293,7 +296,7 @@ class TeamTrainer(RunMixin):
         self.logger.flush()
         if self.args.save_steps:
             self.save_checkpoint()
-        if self.logger.history:
+        if self.logger.history and data_parallel().is_main:
             plot_metrics(self.run_dir)
         return last
 

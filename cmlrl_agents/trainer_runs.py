@@ -15,6 +15,7 @@ import torch
 
 from cmlrl_agents.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from cmlrl_agents.config import SharedConfig
+from cmlrl_agents.distributed import data_parallel
 from cmlrl_agents.logging import MetricsLogger
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.runs import (
@@ -110,7 +111,9 @@ class RunMixin:
                 "train(resume_from_checkpoint='latest'), set args.overwrite_output_dir=True to "
                 "replace it (its checkpoints are deleted), or choose another output_dir."
             )
-        clear_checkpoints(foreign)
+        if data_parallel().is_main:
+            clear_checkpoints(foreign)
+        data_parallel().barrier()  # no rank starts while rank 0 is still deleting
 
     def _prepare_schedule(self) -> None:
         raise NotImplementedError  # TeamTrainer: it knows the run's rounds
@@ -123,8 +126,9 @@ class RunMixin:
     def save_model(self, output_dir: str | Path) -> None:
         """One ``from_pretrained``-loadable folder per agent: ``output_dir/agent_i``; for an
         adapter agent that folder holds its adapter alone, which
-        ``peft.PeftModel.from_pretrained(base, folder)`` loads."""
-        for i, agent in enumerate(self.agents):
+        ``peft.PeftModel.from_pretrained(base, folder)`` loads. Written by rank 0 alone under
+        torchrun: the ranks hold the same weights."""
+        for i, agent in enumerate(self.agents if data_parallel().is_main else []):
             folder = Path(output_dir) / f"agent_{i}"
             if agent.adapter is None:
                 agent.model.save_pretrained(folder)
@@ -135,6 +139,7 @@ class RunMixin:
                     file.replace(folder / file.name)
                 shutil.rmtree(folder / "_adapter")
             agent.tokenizer.save_pretrained(folder)
+        data_parallel().barrier()
 
     def _maybe_checkpoint(self, added: int) -> None:
         every = self.args.save_steps
@@ -165,7 +170,11 @@ class RunMixin:
             "logger": self.logger.state_dict(),
             "config": self.args.to_dict(),
         }
-        return save_checkpoint(
+        parallel = data_parallel()  # rank 0 writes; the others wait until it is complete
+        if not parallel.is_main:
+            parallel.barrier()
+            return self.checkpoint_root / f"checkpoint-{self.items_seen}"
+        path = save_checkpoint(
             self.checkpoint_root,
             self.items_seen,
             models=models,
@@ -174,6 +183,8 @@ class RunMixin:
             trainer_state=state,
             keep_last=self.args.save_total_limit,
         )
+        parallel.barrier()
+        return path
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a checkpoint folder, or ``"latest"`` under this run's ``checkpoints/``.

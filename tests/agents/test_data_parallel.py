@@ -1,0 +1,156 @@
+"""Data parallel training: 2 CPU processes (gloo) under torch.distributed.run against one process.
+
+The agents are scripted (real tiny models answering scripted texts), so generation is the same
+in every launch; each round of 4 items is split 2 + 2 (``shard_round``) and the forward chunks
+(``forward_batch_size=4`` = 2 items x G = 2) of the one-process run are exactly the ranks' shares,
+so summed gradients make the weights equal bit for bit, not just closely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cmlrl_agents.distributed import DataParallel, aggregate_metrics, shard_round, turn_weights
+from cmlrl_agents.testing import tiny_model, tiny_tokenizer
+
+SCRIPT = Path(__file__).with_name("dp_train_script.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(out: Path, nproc: int, **spec: object) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    arg = json.dumps({"out": str(out), "items": 8, **spec})
+    if nproc == 1:
+        cmd = [sys.executable, str(SCRIPT), arg]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={_free_port()}", str(SCRIPT), arg]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _params(out: Path, rank: int) -> dict[str, torch.Tensor]:
+    return torch.load(out / f"params-rank{rank}.pt")
+
+
+def _state(out: Path, rank: int) -> dict:
+    return json.loads((out / f"metrics-rank{rank}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("dp")
+    single, parallel = base / "single", base / "parallel"
+    _launch(single, 1)
+    _launch(parallel, 2, save_steps=4)
+    return {"single": single, "parallel": parallel, "base": base}
+
+
+def test_two_ranks_end_with_identical_weights_equal_to_one_process(runs) -> None:
+    single, parallel = _params(runs["single"], 0), _params(runs["parallel"], 0)
+    other = _params(runs["parallel"], 1)
+    initial = tiny_model(len(tiny_tokenizer()), 0).state_dict()
+    assert any(not torch.equal(parallel[f"agent_0.{k}"], v) for k, v in initial.items())
+    for name, value in parallel.items():
+        assert torch.equal(other[name], value), name  # the ranks agree exactly
+        assert torch.equal(single[name], value), name  # and with the one-process run
+
+
+def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs) -> None:
+    one = _state(runs["single"], 0)
+    ranks = [_state(runs["parallel"], r) for r in (0, 1)]
+    assert [s["world_size"] for s in ranks] == [2, 2]
+    for state in ranks:
+        assert state["env_step"] == one["env_step"] == 16  # 8 items x G = 2, summed over ranks
+        assert state["items_seen"] == 8
+        assert state["last"].keys() == one["last"].keys()
+        for key, value in one["last"].items():
+            assert state["last"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    run = runs["parallel"] / "run"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["env_step"] for line in lines] == [8, 16]  # one writer, 2 rounds
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "checkpoint-4",
+        "checkpoint-8",
+    ]
+
+
+def test_resume_under_torchrun_restores_every_rank(runs) -> None:
+    resumed = runs["base"] / "resumed"
+    shutil.copytree(
+        runs["parallel"] / "run" / "checkpoints" / "checkpoint-4",
+        resumed / "run" / "checkpoints" / "checkpoint-4",
+    )
+    _launch(resumed, 2, resume=True)
+    straight = _params(runs["parallel"], 0)
+    for rank in (0, 1):
+        assert _state(resumed, rank)["items_seen"] == 8
+        for name, value in _params(resumed, rank).items():
+            assert torch.equal(value, straight[name]), (rank, name)
+
+
+def test_shard_round_splits_each_step_window_into_contiguous_blocks() -> None:
+    assert shard_round(8, 4, 0, 2) == [(0, 0), (1, 0), (4, 1), (5, 1)]
+    assert shard_round(8, 4, 1, 2) == [(2, 0), (3, 0), (6, 1), (7, 1)]
+    # A short last window (5 items, steps of 4): 4 = 2 + 2, then 1 = 1 + 0.
+    assert shard_round(5, 4, 0, 2) == [(0, 0), (1, 0), (4, 1)]
+    assert shard_round(5, 4, 1, 2) == [(2, 0), (3, 0)]
+    # Every position exactly once over the ranks, windows kept.
+    taken = sorted(t for r in range(3) for t in shard_round(10, 4, r, 3))
+    assert taken == [(p, p // 4) for p in range(10)]
+    with pytest.raises(ValueError, match="rank=2"):
+        shard_round(4, 4, 2, 2)
+
+
+def test_windows_give_every_rank_the_same_number_of_steps() -> None:
+    assert DataParallel(0, 2).windows(5, 4) == [[0, 1], [2]]
+    assert DataParallel(1, 2).windows(5, 4) == [[0, 1], []]  # no item in the last step
+    assert DataParallel().windows(5, 4) == [[0, 1, 2, 3], [4]]
+    assert DataParallel().shard(["a", "b", "c"], 2) == ["a", "b", "c"]
+
+
+def test_one_process_aggregation_and_turn_weights() -> None:
+    metrics = {"turn_1/reward_mean": 0.5, "agent_0/turn_2/expected_return": 1.0, "loss": 2.0}
+    assert aggregate_metrics(DataParallel(), metrics, {}) == metrics
+    assert turn_weights(metrics, {1: 8, 2: 16}) == {
+        "turn_1/reward_mean": 8.0,
+        "agent_0/turn_2/expected_return": 16.0,
+    }
+
+
+def test_bad_launcher_variables_are_refused_with_the_fix(monkeypatch) -> None:
+    from cmlrl_agents import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    distributed.data_parallel.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="WORLD_SIZE='two'.*torchrun"):
+            distributed.data_parallel()
+    finally:
+        distributed.data_parallel.cache_clear()
+
+
+def test_actor_critic_trainers_refuse_a_multi_process_launch(monkeypatch) -> None:
+    from cmlrl_agents import IACTrainer
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="IACTrainer does not support data parallel"):
+        IACTrainer(agent_model="unused")

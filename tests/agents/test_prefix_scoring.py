@@ -1,0 +1,151 @@
+"""Prefix-shared scoring equals the unshared pass: log-probs and gradients, on a tiny Llama."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import random
+
+import pytest
+import torch
+
+from cmlrl_agents.magrpo_config import MAGRPOConfig
+from cmlrl_agents.policy_gradient import PolicyGradientLearner, Sample
+from cmlrl_agents.prefix_scoring import prefix_shared_logprobs, prompt_groups
+from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model
+from cmlrl_agents.tokens import build_batch, sequence_logprobs
+
+VOCAB = 40
+
+
+def _rows(spec: list[tuple[int, list[int]]], seed: int = 0) -> tuple[list, list]:
+    """``spec``: (prompt length, completion lengths of its G samples) per prompt."""
+    rng = random.Random(seed)
+    prompts, completions = [], []
+    for prompt_len, lengths in spec:
+        prompt = [rng.randrange(3, VOCAB) for _ in range(prompt_len)]
+        for n in lengths:
+            prompts.append(prompt)
+            completions.append([rng.randrange(3, VOCAB) for _ in range(n)])
+    return prompts, completions
+
+
+def _scored(model, batch, score, weights):
+    model.zero_grad(set_to_none=True)
+    logprobs = score(model, batch)
+    (logprobs.sum(dim=1) * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return logprobs.detach(), grads
+
+
+# Several prompt lengths (1 token up), G = 1..4, completions of different lengths (1 token up,
+# so the right-padded batch pads them), a prompt repeated further on in the batch.
+SPECS = [
+    [(3, [4, 1, 6, 2]), (7, [5, 5, 3]), (12, [1, 8, 2, 4]), (1, [3, 2])],
+    [(5, [1, 1]), (2, [9, 4, 7, 1])],
+    [(9, [2]), (4, [6, 3])],
+]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_shared_logprobs_and_gradients_equal_the_unshared_pass(spec, attention: str) -> None:
+    model = tiny_model(VOCAB, seed=3)
+    model.config._attn_implementation = attention
+    model.train()
+    prompts, completions = _rows(spec)
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    weights = torch.linspace(-1.0, 2.0, len(prompts))
+    plain_lp, plain_grad = _scored(model, batch, sequence_logprobs, weights)
+    shared_lp, shared_grad = _scored(model, batch, prefix_shared_logprobs, weights)
+    assert torch.allclose(shared_lp, plain_lp, atol=1e-5, rtol=0)
+    # Zero exactly off the completion tokens, as sequence_logprobs.
+    assert bool((shared_lp[batch.completion_mask == 0] == 0).all())
+    assert bool((shared_lp[batch.completion_mask == 1] < 0).all())
+    for name, grad in plain_grad.items():
+        assert torch.allclose(shared_grad[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_groups_find_each_distinct_prompt_once_in_first_seen_order() -> None:
+    prompts = [[5, 6], [5, 6], [7], [5, 6], [7, 8], [7]]
+    completions = [[9], [9, 9], [9], [3], [4], [2, 2]]
+    groups = prompt_groups(build_batch(prompts, completions, pad_id=TINY_EOS_ID))
+    assert groups.prompts == [(5, 6), (7,), (7, 8)]
+    assert groups.group == [0, 0, 1, 0, 2, 1]
+    assert groups.prompt_len == [2, 2, 1, 2, 2, 1]
+    assert groups.length == [3, 4, 2, 3, 3, 3]
+    assert groups.shares
+
+
+def test_distinct_prompts_take_the_unshared_path_bit_for_bit() -> None:
+    model = tiny_model(VOCAB, seed=1)
+    prompts, completions = _rows([(3, [2]), (5, [4]), (2, [1])])
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    assert not prompt_groups(batch).shares
+    with torch.no_grad():
+        assert torch.equal(prefix_shared_logprobs(model, batch), sequence_logprobs(model, batch))
+
+
+def test_lora_model_gradients_equal_the_unshared_pass() -> None:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        tiny_model(VOCAB, seed=2),
+        peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        ),
+    )
+    model.train()
+    prompts, completions = _rows(SPECS[0], seed=5)
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    weights = torch.linspace(1.0, -1.0, len(prompts))
+    plain_lp, plain_grad = _scored(model, batch, sequence_logprobs, weights)
+    shared_lp, shared_grad = _scored(model, batch, prefix_shared_logprobs, weights)
+    assert torch.allclose(shared_lp, plain_lp, atol=1e-5, rtol=0)
+    lora = [n for n in plain_grad if "lora_" in n]
+    assert lora, "the LoRA parameters are trainable"
+    for name in lora:
+        assert torch.allclose(shared_grad[name], plain_grad[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_gradient_checkpointing_without_cache_is_refused_with_the_fix() -> None:
+    model = tiny_model(VOCAB, seed=0)
+    model.gradient_checkpointing_enable()
+    model.train()
+    prompts, completions = _rows([(3, [2, 2])])
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    with pytest.raises(ValueError, match="prefix_sharing=False"):
+        prefix_shared_logprobs(model, batch)
+
+
+def _learner_step(prefix_sharing: bool) -> dict[str, torch.Tensor]:
+    agent = tiny_agent(seed=4)
+    args = MAGRPOConfig(
+        num_agents=1, prefix_sharing=prefix_sharing, forward_batch_size=None, output_dir=None
+    )
+    learner = PolicyGradientLearner([agent], args)
+    prompt = tuple(agent.encode_prompts(["Describe a city."])[0])
+    samples = [
+        Sample(item_slot=0, turn=1, prompt_ids=prompt, completion_ids=(40 + g, 50, 2)[: g + 1],
+               advantage=float(g) - 1.5)
+        for g in range(4)
+    ]  # fmt: skip
+    learner.step(0, samples)
+    return {n: p.detach().clone() for n, p in agent.model.named_parameters()}
+
+
+def test_learner_step_is_the_same_with_and_without_prefix_sharing() -> None:
+    shared, plain = _learner_step(True), _learner_step(False)
+    assert any(not torch.equal(shared[n], tiny_agent(seed=4).model.state_dict()[n]) for n in shared)
+    for name, value in plain.items():
+        assert torch.allclose(shared[name], value, atol=1e-6), name
+
+
+def test_prefix_sharing_is_validated_on_construction_and_assignment() -> None:
+    assert MAGRPOConfig().prefix_sharing is True
+    with pytest.raises((TypeError, ValueError), match="prefix_sharing"):
+        MAGRPOConfig(prefix_sharing="yes")
+    config = MAGRPOConfig()
+    with pytest.raises((TypeError, ValueError), match="prefix_sharing"):
+        config.prefix_sharing = 1
