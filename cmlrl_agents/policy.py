@@ -348,11 +348,10 @@ class LLMAgent:
         adapter_names: Sequence[str] | None = None,
         prefix_sharing: bool = False,
     ) -> Tensor:
-        """``[B, L]`` completion log-probs of a built batch under this agent's adapter, or each
-        row under its own (``adapter_names``: one pass for several agents of a shared base, in
-        eval mode as peft requires, so only without active dropout). The learners' one scoring
-        call. ``prefix_sharing`` runs each distinct prompt once and its completions from its
-        cache (``prefix_scoring.py``); the mixed-adapter pass is the plain padded forward."""
+        """``[B, L]`` completion log-probs of a built batch (the learners' one scoring call)
+        under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each row
+        under its own (``adapter_names``: one plain pass for agents of a shared base, in eval
+        mode as peft requires, so only without active dropout)."""
         if adapter_names is None:
             self.activate()
             return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
