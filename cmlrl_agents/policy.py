@@ -350,8 +350,7 @@ class LLMAgent:
     ) -> Tensor:
         """``[B, L]`` completion log-probs of a built batch (the learners' one scoring call)
         under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each row
-        under its own (``adapter_names``: one plain pass for agents of a shared base, in eval
-        mode as peft requires, so only without active dropout)."""
+        under its own (``adapter_names``: one plain pass, in eval mode as peft requires)."""
         if adapter_names is None:
             self.activate()
             return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
