@@ -270,7 +270,7 @@ def test_joint_scoring_of_a_shared_base_equals_agent_by_agent_updates(base_folde
                     param.copy_(source[name])
     data = tasks.length_ratio_dataset()
     tree = collect_tree(
-        shared.task, shared.agents, [(data[i], i) for i in range(2)], num_generations=3,
+        shared.env, shared.agents, [(data[i], i) for i in range(2)], num_generations=3,
         sampling=shared.agent_sampling,
     )  # fmt: skip
     for _ in range(2):  # the second update has a non-zero KL to the base
