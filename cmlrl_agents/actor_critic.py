@@ -34,7 +34,6 @@ from cmlrl_agents.actor_critic_config import ActorCriticConfig, IACConfig, MAACC
 from cmlrl_agents.actor_critic_learner import ActorCriticLearner
 from cmlrl_agents.actor_critic_rollouts import RolloutSample, chain_gae
 from cmlrl_agents.devices import resolve_devices
-from cmlrl_agents.distributed import refuse_data_parallel
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.reference import frozen_copies
 from cmlrl_agents.rollout import RolloutTree, collect_tree
@@ -78,7 +77,6 @@ class _ActorCriticTrainer(TeamTrainer):
         critics: Sequence[Any] | None = None,
         metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
     ) -> None:
-        refuse_data_parallel(type(self).__name__)
         args = self._checked_args(args, metrics_callback)
         team = self.team_size(args, num_agents, agents, formatters, env)
         count = check_critic_args(self, args, critic_model, critics, team)
