@@ -33,7 +33,6 @@ from cmlrl_agents.actor_critic_config import ActorCriticConfig, IACConfig, MAACC
 from cmlrl_agents.actor_critic_learner import ActorCriticLearner
 from cmlrl_agents.actor_critic_rollouts import RolloutSample, chain_gae
 from cmlrl_agents.devices import resolve_devices
-from cmlrl_agents.distributed import refuse_data_parallel
 from cmlrl_agents.policy import LLMAgent
 from cmlrl_agents.reference import reference_policies
 from cmlrl_agents.rollout import RolloutTree, collect_tree
@@ -66,7 +65,6 @@ class _ActorCriticTrainer(TeamTrainer):
         metrics_callback: Callable[[list[RolloutSample]], Mapping[str, float]] | None = None,
         **team: Unpack[TeamKeywords],
     ) -> None:
-        refuse_data_parallel(type(self).__name__)
         args = self._checked_args(args, metrics_callback)
         check_team_keywords(team, type(self).__name__)
         env = team.get("env")

@@ -212,11 +212,13 @@ def turn_weights(keys: Iterable[str], counts: Mapping[int, int]) -> dict[str, fl
     return out
 
 
-def refuse_data_parallel(trainer: str) -> None:
-    """Raise under a multi-process launch for trainers without data parallel support."""
-    if _env_int("WORLD_SIZE", "1") > 1:
+def refuse_data_parallel(trainer: str, supported: bool) -> DataParallel:
+    """This process's :func:`data_parallel`; under a multi-process launch, raise for a trainer
+    without data parallel support (each rank would train alone on every item)."""
+    if not supported and _env_int("WORLD_SIZE", "1") > 1:
         raise ValueError(
             f"{trainer} does not support data parallel training yet (WORLD_SIZE="
             f"{os.environ['WORLD_SIZE']}); launch it as one process (python script.py), or use "
             "a MAGRPO-family trainer under torchrun"
         )
+    return data_parallel()

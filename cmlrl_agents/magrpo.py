@@ -59,6 +59,7 @@ class MAGRPOTrainer(TeamTrainer):
     """
 
     algorithm = "magrpo"
+    supports_data_parallel = True
     config_class: type[MAGRPOConfig] = MAGRPOConfig
     fixed_fields = (*TeamTrainer.fixed_fields, "reference_kl_enabled")
 

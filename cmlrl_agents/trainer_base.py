@@ -20,7 +20,7 @@ from transformers import set_seed
 from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.config import SharedConfig
 from cmlrl_agents.devices import resolve_devices
-from cmlrl_agents.distributed import data_parallel
+from cmlrl_agents.distributed import data_parallel, refuse_data_parallel
 from cmlrl_agents.evaluation import mean_eval_metrics
 from cmlrl_agents.generation import GenerationBackend, make_backend
 from cmlrl_agents.logging import MetricsLogger, ProgressBar
@@ -57,6 +57,9 @@ class TeamTrainer(RunMixin):
     )
     """Config fields read once, at construction: assigning a new value raises (see
     ``ValidatedConfig.fix_fields``)."""
+    supports_data_parallel = False
+    """Whether the trainer shards items and sums gradients under torchrun (distributed.py);
+    one that does not is refused there, rather than training each rank on its own."""
 
     def __init__(
         self,
@@ -70,7 +73,9 @@ class TeamTrainer(RunMixin):
         env, task, eval_dataset = team.get("env"), team.get("task"), team.get("eval_dataset")
         agents, formatters = team.get("agents"), team.get("formatters")
         self.args = args
-        data_parallel()  # under torchrun: join the process group, pick LOCAL_RANK's GPU first
+        # Under torchrun: refuse a trainer without support, join the process group and pick
+        # LOCAL_RANK's GPU before any model is loaded.
+        refuse_data_parallel(type(self).__name__, self.supports_data_parallel)
         spec = task if env is None else env.spec
         n = self.team_size(args, team.get("num_agents"), agents, formatters, spec)
         self.num_agents = n

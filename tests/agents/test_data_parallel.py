@@ -148,9 +148,10 @@ def test_bad_launcher_variables_are_refused_with_the_fix(monkeypatch) -> None:
         distributed.data_parallel.cache_clear()
 
 
-def test_actor_critic_trainers_refuse_a_multi_process_launch(monkeypatch) -> None:
-    from cmlrl_agents import IACTrainer
+def test_trainers_without_support_refuse_a_multi_process_launch(monkeypatch) -> None:
+    from cmlrl_agents import IACConfig, IACTrainer
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    # Refused before any model is loaded (the name is never looked up).
     with pytest.raises(ValueError, match="IACTrainer does not support data parallel"):
-        IACTrainer(agent_model="unused")
+        IACTrainer(agent_model="unused", args=IACConfig(use_separate_critic=False))
