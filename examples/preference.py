@@ -31,17 +31,25 @@ from cmlrl_env import tasks
 KEY = "eval/turn_1/reward_mean"
 
 
-def agents_and_reward_model(tiny: bool) -> tuple[dict, PreferenceRewardModel]:
+def team(tiny: bool) -> dict:
     if tiny:
-        from cmlrl_agents.tiny_models import tiny_agent, tiny_reward_model, tiny_tokenizer
+        from cmlrl_agents.tiny_models import tiny_agent
 
-        tokenizer = tiny_tokenizer()
-        rm = PreferenceRewardModel(tiny_reward_model(len(tokenizer)), tokenizer, device="cpu")
-        return {"agents": [tiny_agent(seed=0), tiny_agent(seed=1)]}, rm
+        return {"agents": [tiny_agent(seed=0), tiny_agent(seed=1)]}
     from cmlrl_agents import smollm2_path
 
-    path = str(smollm2_path())
-    return {"agent_model": path}, PreferenceRewardModel.from_pretrained(path, max_length=256)
+    return {"agent_model": str(smollm2_path())}  # one independent copy per agent
+
+
+def untrained_reward_model(tiny: bool) -> PreferenceRewardModel:
+    if tiny:
+        from cmlrl_agents.tiny_models import tiny_reward_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        return PreferenceRewardModel(tiny_reward_model(len(tokenizer)), tokenizer, device="cpu")
+    from cmlrl_agents import smollm2_path
+
+    return PreferenceRewardModel.from_pretrained(str(smollm2_path()), max_length=256)
 
 
 def shared_settings(args: argparse.Namespace, eval_size: int) -> dict:
@@ -95,7 +103,6 @@ def main() -> None:
     common = shared_settings(args, len(eval_dataset))
     out, results = Path(args.output_dir), {}
     if args.algorithm in ("madpo", "both"):
-        agents, _ = agents_and_reward_model(args.tiny)
         config = MADPOConfig(
             **common,
             num_iterations=args.iterations,
@@ -104,10 +111,9 @@ def main() -> None:
             output_dir=str(out / "madpo"),
         )
         results["madpo"] = run(
-            "MADPO", MADPOTrainer(**agents, **task, args=config), len(eval_dataset)
+            "MADPO", MADPOTrainer(**team(args.tiny), **task, args=config), len(eval_dataset)
         )
     if args.algorithm in ("marlhf", "both"):
-        agents, reward_model = agents_and_reward_model(args.tiny)
         rl = MAGRPOConfig(**common, num_generations=4, eval_interval=0, rollout_buffer_size=2)
         config = MARLHFConfig(
             **common,
@@ -118,7 +124,8 @@ def main() -> None:
             rl_args=rl,
             output_dir=str(out / "marlhf"),
         )
-        trainer = MARLHFTrainer(**agents, **task, args=config, reward_model=reward_model)
+        reward_model = untrained_reward_model(args.tiny)
+        trainer = MARLHFTrainer(**team(args.tiny), **task, args=config, reward_model=reward_model)
         results["marlhf"] = run("MARLHF", trainer, len(eval_dataset))
         accuracy = trainer.reward_metrics["reward_model/eval_accuracy"]
         results["marlhf"]["reward_model_eval_accuracy"] = accuracy
