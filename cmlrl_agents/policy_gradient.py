@@ -141,26 +141,31 @@ class PolicyGradientLearner:
         out: list[dict[str, float]] = [{} for _ in self.agents]
         joint = joint_groups(self.agents)
         for group in joint:
-            for a, stats in zip(group, self.update_agent(group, samples), strict=True):
-                out[a] = stats
+            stats = self.update_group(group, [samples[a] for a in group])
+            for a, agent_stats in zip(group, stats, strict=True):
+                out[a] = agent_stats
         # Sorted: under torchrun every rank must all-reduce the agents in the same order.
         for a in sorted(set(range(len(self.agents))) - {a for g in joint for a in g}):
-            out[a] = self.update_agent([a], samples)[0]
+            out[a] = self.update_agent(a, samples[a])
         return out
 
-    def update_agent(self, group: list[int], samples: list[list[Sample]]) -> list[dict[str, float]]:
-        """One optimizer step per agent of ``group`` per ``train_batch_size`` items; per agent
-        its mean loss and grad norm.
+    def update_agent(self, a: int, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step per ``train_batch_size`` items; returns mean loss and grad norm."""
+        return self.update_group([a], [samples])[0]
+
+    def update_group(self, group: list[int], samples: list[list[Sample]]) -> list[dict[str, float]]:
+        """:meth:`update_agent` for the agents of ``group`` together (``samples[k]`` is agent
+        ``group[k]``'s): several agents step from joint passes (:meth:`step_joint`).
 
         Under torchrun the steps are those of the whole round over all ranks
         (:meth:`DataParallel.windows`): every rank takes part in each, even one without items.
         """
-        slots = sorted({s.item_slot for a in group for s in samples[a]})
+        slots = sorted({s.item_slot for rows in samples for s in rows})
         round_items = int(self.parallel.sum(len(slots)))
         stats: list[dict[str, list[float]]] = [defaultdict(list) for _ in group]
         for window in self.parallel.windows(round_items, self.args.items_per_step):
             chosen = {slots[i] for i in window}
-            rows = [[s for s in samples[a] if s.item_slot in chosen] for a in group]
+            rows = [[s for s in agent_rows if s.item_slot in chosen] for agent_rows in samples]
             step_stats = (
                 [self.step(group[0], rows[0])] if len(group) == 1 else self.step_joint(group, rows)
             )

@@ -116,9 +116,9 @@ def test_single_agent_update_is_grpo(tmp_path):
     recorded = {}
     original = trainer.learner.update_agent
 
-    def record(group, samples):  # samples[a]: agent a's rows
-        recorded["samples"] = samples[group[0]]
-        return original(group, samples)
+    def record(a, samples):
+        recorded["samples"] = samples
+        return original(a, samples)
 
     trainer.learner.update_agent = record
     trainer.train()
