@@ -75,8 +75,11 @@ def policy_step(model, optimizer, ids, mask, tokens: int, advantages: torch.Tens
     model.train()
     optimizer.zero_grad(set_to_none=True)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at 0
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    logits = logits[:, -tokens - 1 : -1].float()
+    # Logits only where they score a completion token (the vocabulary projection is costly).
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tokens + 1
+    )
+    logits = out.logits[:, :-1].float()
     logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, -tokens:, None]).squeeze(-1)
     loss = -(advantages * logprobs.sum(-1)).mean()
     loss.backward()
