@@ -24,11 +24,17 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cmlrl_env import tasks
+
+if TYPE_CHECKING:  # imported lazily: parsing the arguments needs no trainer
+    from datasets import Dataset
+
+    from cmlrl_agents import MAGRPOTrainer
 
 FORMATTERS = (tasks.brief_formatter, tasks.detailed_formatter)
 SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.6, "top_k": 50}  # our defaults
@@ -69,8 +75,11 @@ def policy_step(model, optimizer, ids, mask, tokens: int, advantages: torch.Tens
     model.train()
     optimizer.zero_grad(set_to_none=True)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at 0
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    logits = logits[:, -tokens - 1 : -1].float()
+    # Logits only where they score a completion token (the vocabulary projection is costly).
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tokens + 1
+    )
+    logits = out.logits[:, :-1].float()
     logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, -tokens:, None]).squeeze(-1)
     loss = -(advantages * logprobs.sum(-1)).mean()
     loss.backward()
@@ -111,9 +120,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def build_ours(model_dir: str, data: Dataset, tokens: int, out: str) -> MAGRPOTrainer:
+    """Our trainer for the same round: ``rollout_buffer_size`` = N, so one epoch is one round."""
+    from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
+
+    config = MAGRPOConfig(
+        num_agents=2,
+        num_turns=1,
+        num_train_epochs=1,
+        num_generations=4,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        rollout_buffer_size=len(data),
+        eval_interval=0,
+        seed=0,
+        output_dir=out,
+    )
+    return MAGRPOTrainer(
+        agent_model=model_dir,
+        formatters=list(FORMATTERS),
+        reward_func=tasks.length_ratio_reward,
+        train_dataset=data,
+        args=config,
+    )
+
+
+def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[str, float]) -> None:
+    print(
+        f"2 agents, G=4, {args.items} items, {args.tokens} forced tokens, "
+        f"{torch.get_num_threads()} threads, best of {args.repeats} (all: "
+        + ", ".join(f"{k} {[round(v, 1) for v in vs]}" for k, vs in times.items())
+        + ")"
+    )
+    print(f"floor (transformers only)    {best['floor']:8.2f} s/round")
+    for name, label in (("train", "train() of one round"), ("round", "collect_tree + update")):
+        ratio = best[name] / best["floor"]
+        print(f"ours, {label:22s} {best[name]:8.2f} s  {ratio:.2f}x the floor")
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
-    from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer, smollm2_path
+    from cmlrl_agents import smollm2_path
     from cmlrl_agents.rollout import collect_tree
 
     model_dir = args.model or str(smollm2_path())
@@ -124,25 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     models = [AutoModelForCausalLM.from_pretrained(model_dir) for _ in FORMATTERS]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=5e-6) for m in models]
     with tempfile.TemporaryDirectory() as out:
-        config = MAGRPOConfig(
-            num_agents=2,
-            num_turns=1,
-            num_train_epochs=1,
-            num_generations=4,
-            max_new_tokens=args.tokens,
-            min_new_tokens=args.tokens,
-            rollout_buffer_size=args.items,
-            eval_interval=0,
-            seed=0,
-            output_dir=out,
-        )
-        trainer = MAGRPOTrainer(
-            agent_model=model_dir,
-            formatters=list(FORMATTERS),
-            reward_func=tasks.length_ratio_reward,
-            train_dataset=data,
-            args=config,
-        )
+        trainer = build_ours(model_dir, data, args.tokens, out)
         times: dict[str, list[float]] = {"floor": [], "train": [], "round": []}
 
         def one_train() -> None:
@@ -165,16 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             times["round"].append(timed(one_round))
         trainer.close()
     best = {name: min(values) for name, values in times.items()}
-    print(
-        f"2 agents, G=4, {args.items} items, {args.tokens} forced tokens, "
-        f"{torch.get_num_threads()} threads, best of {args.repeats} (all: "
-        + ", ".join(f"{k} {[round(v, 1) for v in vs]}" for k, vs in times.items())
-        + ")"
-    )
-    print(f"floor (transformers only)    {best['floor']:8.2f} s/round")
-    for name, label in (("train", "train() of one round"), ("round", "collect_tree + update")):
-        ratio = best[name] / best["floor"]
-        print(f"ours, {label:22s} {best[name]:8.2f} s  {ratio:.2f}x the floor")
+    report(args, times, best)
     return best
 
 

@@ -4,6 +4,8 @@ are asserted: benchmarks are outside the test suite's claims)."""
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,3 +56,25 @@ def test_floor_runs_one_round_of_each_on_a_tiny_model(bench, tmp_path: Path, cap
     assert set(best) == {"floor", "train", "round"}
     assert all(seconds > 0 for seconds in best.values())
     assert "x the floor" in capsys.readouterr().out
+
+
+def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
+    # --tiny main job, 1 epoch of 8 items: 4 rounds (rollout_buffer_size 2) and 2 evaluations,
+    # so 2 agents x (4 + 2) generate calls and one forward/backward/step per agent and round.
+    root = BENCHMARKS.parent
+    command = [sys.executable, str(BENCHMARKS / "profile_calls.py")]
+    command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
+    command += ["--eval-repeats", "1", "--max-new-tokens", "2", "--output-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls = {}
+    for line in proc.stderr.splitlines():
+        if " calls " in line:
+            name, rest = line.split(" calls ")
+            calls[name.strip()] = int(rest.split()[0])
+    assert calls["generate"] == 12
+    assert calls["TeamTrainer.evaluate_items"] == 2
+    assert calls["MAGRPOTrainer round"] == calls["PolicyGradientLearner.update"] == 4
+    assert calls["forward/grad"] == calls["backward"] == calls["AdamW.step"] == 8
+    assert "forward/no_grad" not in calls  # no reference model, no re-scoring pass

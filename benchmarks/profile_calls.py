@@ -1,0 +1,117 @@
+"""Count and time the expensive calls of any training script: compare two trees on one workload.
+
+Wraps the model forwards (split into generation, with-gradient and no-gradient passes, with the
+batch shapes of the scoring passes), ``Tensor.backward``, ``AdamW.step``, ``generate`` and the
+trainer's evaluation and round functions where the tree has them, then runs the script and
+prints each one's call count, wall and process-CPU seconds at exit. On a shared machine CPU
+seconds and counts are the figures to compare; run the two trees side by side on one workload
+(the same seed gives the same completions, so the counts must agree):
+
+    PYTHONPATH=/path/to/old OMP_NUM_THREADS=1 python benchmarks/profile_calls.py \\
+        examples/length_ratio.py --epochs 1 --eval-repeats 1 --output-dir /tmp/old-run
+"""
+
+from __future__ import annotations
+
+import atexit
+import runpy
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+STATS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, wall s, cpu s
+SHAPES: Counter[tuple[str, tuple[int, ...]]] = Counter()
+
+
+def _record(key: str, wall: float, cpu: float) -> None:
+    entry = STATS[key]
+    entry[0] += 1
+    entry[1] += time.perf_counter() - wall
+    entry[2] += time.process_time() - cpu
+
+
+def wrap(owner: Any, name: str, key: str) -> None:
+    """Replace ``owner.name`` by a counting, timing wrapper (nothing when the tree lacks it)."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _record(key, wall, cpu)
+
+    setattr(owner, name, timed)
+
+
+def wrap_forward(model_class: type) -> None:
+    """Time ``model_class.forward`` by mode; record the shapes of the non-generation passes."""
+    original: Callable[..., Any] = model_class.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if torch.is_inference_mode_enabled():
+            mode = "forward/generation"
+        else:
+            mode = "forward/grad" if torch.is_grad_enabled() else "forward/no_grad"
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _record(mode, wall, cpu)
+            if ids is not None and mode != "forward/generation":
+                SHAPES[(mode, tuple(ids.shape))] += 1
+
+    model_class.forward = forward
+
+
+def install() -> None:
+    from transformers import GenerationMixin
+    from transformers.models.llama import modeling_llama
+
+    wrap_forward(modeling_llama.LlamaForCausalLM)
+    wrap(torch.Tensor, "backward", "backward")
+    wrap(torch.optim.AdamW, "step", "AdamW.step")
+    wrap(GenerationMixin, "generate", "generate")
+    import cmlrl_agents.logging as logging_module
+    import cmlrl_agents.magrpo as magrpo
+    import cmlrl_agents.trainer_base as trainer_base
+
+    wrap(trainer_base.TeamTrainer, "evaluate_items", "TeamTrainer.evaluate_items")
+    wrap(magrpo.MAGRPOTrainer, "_train_batch", "MAGRPOTrainer round")
+    wrap(logging_module.MetricsLogger, "log_train", "MetricsLogger.log_train")
+    try:
+        from cmlrl_agents.policy_gradient import PolicyGradientLearner
+    except ImportError:  # a tree from before the learners
+        return
+    wrap(PolicyGradientLearner, "update", "PolicyGradientLearner.update")
+
+
+def report(start_wall: float, start_cpu: float) -> None:
+    out = sys.stderr
+    print(f"torch threads {torch.get_num_threads()}", file=out)
+    total_wall, total_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+    print(f"TOTAL wall {total_wall:.1f} s, cpu {total_cpu:.1f} s", file=out)
+    for key, (calls, wall, cpu) in sorted(STATS.items(), key=lambda kv: -kv[1][2]):
+        print(f"{key:32s} calls {calls:6d}  wall {wall:8.1f} s  cpu {cpu:8.1f} s", file=out)
+    for (mode, shape), count in sorted(SHAPES.items()):
+        print(f"{mode:20s} input_ids {shape} x{count}", file=out)
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python benchmarks/profile_calls.py SCRIPT [ARGS...]")
+    install()
+    atexit.register(report, time.perf_counter(), time.process_time())
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
