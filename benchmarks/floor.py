@@ -182,7 +182,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         def one_round() -> None:
             pairs = [(item, i) for i, item in enumerate(items)]
             tree = collect_tree(
-                trainer.task, trainer.agents, pairs, num_generations=4, sampling=trainer.sampling
+                trainer.env,
+                trainer.agents,
+                pairs,
+                num_generations=4,
+                sampling=trainer.agent_sampling,
+                backend=trainer.generation_backend,
             )
             trainer.learner.update(tree)
 
