@@ -84,7 +84,8 @@ def install() -> None:
     import cmlrl_agents.trainer_base as trainer_base
 
     wrap(trainer_base.TeamTrainer, "evaluate_items", "TeamTrainer.evaluate_items")
-    wrap(magrpo.MAGRPOTrainer, "_train_batch", "MAGRPOTrainer round")
+    wrap(magrpo.MAGRPOTrainer, "_train_batch", "MAGRPOTrainer round")  # trees before 10b
+    wrap(magrpo.MAGRPOTrainer, "_train_round", "MAGRPOTrainer round")
     wrap(logging_module.MetricsLogger, "log_train", "MetricsLogger.log_train")
     try:
         from cmlrl_agents.policy_gradient import PolicyGradientLearner
