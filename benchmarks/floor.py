@@ -161,7 +161,7 @@ def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[s
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     from cmlrl_agents import smollm2_path
-    from cmlrl_agents.rollout import collect_tree
+    from cmlrl_agents.runs.rollout import collect_tree
 
     model_dir = args.model or str(smollm2_path())
     torch.manual_seed(0)

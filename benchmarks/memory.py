@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
-    from cmlrl_agents.policy import smollm2_path
+    from cmlrl_agents.policies.agent import smollm2_path
 
     model = str(smollm2_path())
     print(

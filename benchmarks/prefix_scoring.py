@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from cmlrl_agents.gguf import smollm2_path
-from cmlrl_agents.policy import LLMAgent, SamplingConfig
-from cmlrl_agents.prefix_scoring import prefix_shared_logprobs
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.gguf import smollm2_path
+from cmlrl_agents.policies.prefix_scoring import prefix_shared_logprobs
+from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
 from cmlrl_env import tasks
 
 

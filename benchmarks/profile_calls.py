@@ -79,16 +79,16 @@ def install() -> None:
     wrap(torch.Tensor, "backward", "backward")
     wrap(torch.optim.AdamW, "step", "AdamW.step")
     wrap(GenerationMixin, "generate", "generate")
-    import cmlrl_agents.logging as logging_module
-    import cmlrl_agents.magrpo as magrpo
-    import cmlrl_agents.trainer_base as trainer_base
+    import cmlrl_agents.algorithms.magrpo as magrpo
+    import cmlrl_agents.runs.logging as logging_module
+    import cmlrl_agents.runs.trainer as trainer_base
 
     wrap(trainer_base.TeamTrainer, "evaluate_items", "TeamTrainer.evaluate_items")
     wrap(magrpo.MAGRPOTrainer, "_train_batch", "MAGRPOTrainer round")  # trees before 10b
     wrap(magrpo.MAGRPOTrainer, "_train_round", "MAGRPOTrainer round")
     wrap(logging_module.MetricsLogger, "log_train", "MetricsLogger.log_train")
     try:
-        from cmlrl_agents.policy_gradient import PolicyGradientLearner
+        from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
     except ImportError:  # a tree from before the learners
         return
     wrap(PolicyGradientLearner, "update", "PolicyGradientLearner.update")

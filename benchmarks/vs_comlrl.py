@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "comlrl-venv")
     args = parser.parse_args()
 
-    from cmlrl_agents.policy import smollm2_path
+    from cmlrl_agents.policies.agent import smollm2_path
 
     model = str(smollm2_path())
     ref_python = reference_python(args.venv)

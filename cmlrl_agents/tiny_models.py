@@ -13,7 +13,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from cmlrl_agents.policy import LLMAgent
+from cmlrl_agents.policies.agent import LLMAgent
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",

@@ -21,10 +21,10 @@ import argparse
 import time
 from typing import Any
 
-from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer
-from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
-from cmlrl_agents.magrpo import MAGRPOTrainer
-from cmlrl_agents.magrpo_config import MAGRPOConfig
+from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer
+from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
 from cmlrl_env import tasks
 
 
@@ -41,7 +41,7 @@ def models(tiny: bool, algo: str, iac_critic: str) -> dict[str, Any]:
         if separate:
             parts["critics"] = [tiny_agent(seed=10 + i) for i in range(count)]
         return parts
-    from cmlrl_agents.policy import smollm2_path
+    from cmlrl_agents.policies.agent import smollm2_path
 
     path = str(smollm2_path())
     parts = {"agent_model": path}  # one independent copy per agent

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.plotting import plot_metrics
+from cmlrl_agents.runs.plotting import plot_metrics
 from cmlrl_env import tasks
 
 

@@ -19,8 +19,8 @@ import random
 import torch
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer, PreferenceRewardModel
-from cmlrl_agents.preference_pairs import PreferencePair, select_pairs
-from cmlrl_agents.reward_model import split_pairs
+from cmlrl_agents.algorithms.preference_pairs import PreferencePair, select_pairs
+from cmlrl_agents.algorithms.reward_model import split_pairs
 from cmlrl_env import tasks
 
 

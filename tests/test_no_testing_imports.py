@@ -20,7 +20,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_no_library_module_imports_the_testing_helpers() -> None:
-    modules = [p for p in ROOT.glob("cmlrl_*/*.py") if p.name != "testing.py"]
+    modules = [p for p in ROOT.glob("cmlrl_*/**/*.py") if p.name != "testing.py"]
     assert len(modules) > 50
     offenders = [p.name for p in modules if "cmlrl_agents.testing" in _imports(p)]
     assert offenders == []

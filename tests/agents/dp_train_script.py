@@ -21,8 +21,8 @@ import torch
 from datasets import Dataset
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.distributed import data_parallel
-from cmlrl_agents.scripted import ScriptedLLMAgent
+from cmlrl_agents.policies.scripted import ScriptedLLMAgent
+from cmlrl_agents.runs.distributed import data_parallel
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 
 WORDS = ("sun", "rain over the hills", "a", "wind and snow", "grey sky at noon")

@@ -11,14 +11,14 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer, RolloutSample, chain_gae
-from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
-from cmlrl_agents.actor_critic_rollouts import agent_rollouts
-from cmlrl_agents.policy import SamplingConfig
-from cmlrl_agents.rollout import collect_tree
-from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer, RolloutSample, chain_gae
+from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.algorithms.actor_critic_rollouts import agent_rollouts
+from cmlrl_agents.policies.agent import SamplingConfig
+from cmlrl_agents.policies.scripted import ScriptedPolicy
+from cmlrl_agents.policies.value_head import ValueModel
+from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
-from cmlrl_agents.value_head import ValueModel
 from cmlrl_env import Task
 from cmlrl_env.tasks import (
     brief_formatter,
@@ -137,7 +137,7 @@ def test_values_are_batched_padding_free_and_without_grad() -> None:
 
 
 def test_shared_head_reads_the_scoring_forward_and_owns_only_the_head() -> None:
-    from cmlrl_agents.tokens import build_batch, sequence_logprobs
+    from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
 
     agent = tiny_agent()
     critic = ValueModel(agent.model, shared=True)

@@ -1,4 +1,4 @@
-"""Hand-worked checks of cmlrl_agents.advantages.
+"""Hand-worked checks of cmlrl_agents.functional.advantages.
 
 Running example: one group of G=4 returns R = [1, 2, 3, 6].
   mean(R) = 12/4 = 3, sum(R) = 12, max(R) = 6
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from cmlrl_agents.advantages import group_advantages, normalize_batch
+from cmlrl_agents.functional.advantages import group_advantages, normalize_batch
 
 R = [1.0, 2.0, 3.0, 6.0]
 STD = math.sqrt(3.5)

@@ -10,16 +10,16 @@ import torch
 from datasets import Dataset
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.centralized import (
+from cmlrl_agents.algorithms.centralized import (
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
     JointReward,
     joint_prompt,
     split_roles,
 )
-from cmlrl_agents.policy import SamplingConfig
-from cmlrl_agents.rollout import collect_tree
-from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.policies.agent import SamplingConfig
+from cmlrl_agents.policies.scripted import ScriptedPolicy
+from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import code_tasks, writing_tasks
 

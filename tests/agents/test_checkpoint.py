@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from cmlrl_agents.checkpoint import (
+from cmlrl_agents.runs.checkpoint import (
     atomic_dir,
     is_secret_key,
     latest_checkpoint,
@@ -256,7 +256,7 @@ KILLED_SAVE = """
 import sys, time
 from pathlib import Path
 import torch
-from cmlrl_agents.checkpoint import save_checkpoint
+from cmlrl_agents.runs.checkpoint import save_checkpoint
 
 root, ready = Path(sys.argv[1]), Path(sys.argv[2])
 model = torch.nn.Linear(64, 64)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cmlrl_agents.cli import main
-from cmlrl_agents.cli_tasks import CLIError, apply_overrides, parse_value
+from cmlrl_agents.cli.commands import main
+from cmlrl_agents.cli.tasks import CLIError, apply_overrides, parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "configs" / "tiny.yaml"
@@ -311,7 +311,7 @@ def test_eval_of_a_saved_model_folder(trained, tmp_path, capsys):
 
 @pytest.mark.parametrize("algorithm", ["iac", "maac"])
 def test_actor_critic_trainers_run_from_the_command_line(algorithm, tmp_path, capsys):
-    pytest.importorskip("cmlrl_agents.actor_critic")
+    pytest.importorskip("cmlrl_agents.algorithms.actor_critic")
     code, out, err = run_cli(
         capsys,
         *("train", TINY, "--no-save-model", "--set", f"algorithm={algorithm}"),

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cmlrl_agents.distributed import DataParallel, aggregate_metrics, shard_round, turn_weights
+from cmlrl_agents.runs.distributed import DataParallel, aggregate_metrics, shard_round, turn_weights
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 
 SCRIPT = Path(__file__).with_name("dp_train_script.py")
@@ -137,7 +137,7 @@ def test_one_process_aggregation_and_turn_weights() -> None:
 
 
 def test_bad_launcher_variables_are_refused_with_the_fix(monkeypatch) -> None:
-    from cmlrl_agents import distributed
+    from cmlrl_agents.runs import distributed
 
     monkeypatch.setenv("WORLD_SIZE", "two")
     distributed.data_parallel.cache_clear()

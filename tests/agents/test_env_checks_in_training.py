@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from cmlrl_agents.magrpo import MAGRPOTrainer
-from cmlrl_agents.magrpo_config import MAGRPOConfig
-from cmlrl_agents.scripted import ScriptedLLMAgent
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
+from cmlrl_agents.policies.scripted import ScriptedLLMAgent
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import CoMLRLEnv, TaskSpec, tasks
 

@@ -9,10 +9,10 @@ import torch
 from peft import LoraConfig
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.adapters import attach_adapters
-from cmlrl_agents.generation import GenerationBackend, GenerationRequest, HFGenerate
-from cmlrl_agents.policy import Completion, SamplingConfig
-from cmlrl_agents.rollout import collect_tree
+from cmlrl_agents.policies.adapters import attach_adapters
+from cmlrl_agents.policies.agent import Completion, SamplingConfig
+from cmlrl_agents.policies.generation import GenerationBackend, GenerationRequest, HFGenerate
+from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 from cmlrl_env.core import Task
@@ -205,11 +205,11 @@ def test_vllm_backend_needs_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError:
-        from cmlrl_agents.generation import make_backend
+        from cmlrl_agents.policies.generation import make_backend
 
         with pytest.raises(ImportError, match=r"pip install 'cmlrl\[vllm\]'"):
             make_backend("vllm")
         pytest.skip("vLLM is not installed: its backend is tested where it is")
-    from cmlrl_agents.vllm_backend import vllm_sampling
+    from cmlrl_agents.policies.vllm_backend import vllm_sampling
 
     assert vllm_sampling(GREEDY, 2, {7})["temperature"] == 0.0

@@ -9,14 +9,15 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents import MAGRPOTrainer, model_setup
-from cmlrl_agents.advantages import group_advantages
-from cmlrl_agents.magrpo import agent_samples
-from cmlrl_agents.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
-from cmlrl_agents.policy import LLMAgent, SamplingConfig
-from cmlrl_agents.returns import tree_returns
-from cmlrl_agents.rollout import collect_tree
-from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents import MAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo import agent_samples
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
+from cmlrl_agents.functional.advantages import group_advantages
+from cmlrl_agents.functional.returns import tree_returns
+from cmlrl_agents.policies import model_setup
+from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.scripted import ScriptedPolicy
+from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import Task, tasks
 
@@ -228,7 +229,7 @@ def test_a_prompt_that_already_carries_the_template_is_used_as_it_is():
 
 def test_the_applied_template_is_logged_once_with_how_to_turn_it_off(caplog):
     model_setup._logged_formats.clear()
-    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policy"):
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policies.agent"):
         tiny_agent(seed=0)
         tiny_agent(seed=1)  # same template: not logged again
     records = [r for r in caplog.records if "chat template" in r.getMessage()]
@@ -239,12 +240,12 @@ def test_the_applied_template_is_logged_once_with_how_to_turn_it_off(caplog):
     assert "The template adds a system turn that no prompt asked for" in message
     assert "model_config={'chat_template': False}" in message
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policy"):
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policies.agent"):
         tiny_agent(seed=0, system_prompt="You are terse.")
     (record,) = [r for r in caplog.records if "chat template" in r.getMessage()]
     assert record.levelno == logging.INFO and "You are terse." in record.getMessage()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policy"):
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policies.agent"):
         plain = tiny_agent(seed=0, chat_template=False)
     assert not [r for r in caplog.records if "chat template" in r.getMessage()]
     assert plain.chat_format is None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from cmlrl_agents.logging import WANDB_CONFIG_KEYS, MetricsLogger, ProgressBar
+from cmlrl_agents.runs.logging import WANDB_CONFIG_KEYS, MetricsLogger, ProgressBar
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -261,7 +261,7 @@ def test_verbose_comes_from_the_argument_then_config_sections_then_the_tty():
 def test_wandb_is_not_imported_without_wandb_config(tmp_path):
     code = (
         "import sys\n"
-        "from cmlrl_agents.logging import MetricsLogger\n"
+        "from cmlrl_agents.runs.logging import MetricsLogger\n"
         f"logger = MetricsLogger({str(tmp_path)!r}, logging_steps=1)\n"
         "logger.log_train({'r': 1.0}, step=1)\n"
         "logger.close()\n"

@@ -1,4 +1,4 @@
-"""Hand-worked checks of cmlrl_agents.losses."""
+"""Hand-worked checks of cmlrl_agents.functional.losses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from cmlrl_agents.losses import kl_k3, masked_mean, masked_sum, policy_gradient_loss, value_loss
+from cmlrl_agents.functional.losses import (
+    kl_k3,
+    masked_mean,
+    masked_sum,
+    policy_gradient_loss,
+    value_loss,
+)
 
 F64 = torch.float64
 NAN = float("nan")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cmlrl_agents import MADPOConfig, MADPOIterConfig, MADPOTrainer
-from cmlrl_agents.preference_pairs import load_pairs, save_pairs
+from cmlrl_agents.algorithms.preference_pairs import load_pairs, save_pairs
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import tasks
 

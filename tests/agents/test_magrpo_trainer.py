@@ -11,9 +11,9 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents.advantages import group_advantages
-from cmlrl_agents.magrpo import MAGRPOTrainer, MARLOOTrainer, Sample
-from cmlrl_agents.magrpo_config import MAGRPOConfig, MARLOOConfig
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer, MARLOOTrainer, Sample
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig, MARLOOConfig
+from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import CoMLRLEnv, tasks
 

@@ -6,16 +6,16 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents.magrpo import agent_samples
-from cmlrl_agents.magrpo_config import (
+from cmlrl_agents.algorithms.magrpo import agent_samples
+from cmlrl_agents.algorithms.magrpo_config import (
     MAGRPOConfig,
     MAREINFORCEConfig,
     MAReMaxConfig,
     MARLOOConfig,
 )
-from cmlrl_agents.policy import SamplingConfig
-from cmlrl_agents.rollout import collect_tree, joint_indices
-from cmlrl_agents.scripted import ScriptedPolicy
+from cmlrl_agents.policies.agent import SamplingConfig
+from cmlrl_agents.policies.scripted import ScriptedPolicy
+from cmlrl_agents.runs.rollout import collect_tree, joint_indices
 from cmlrl_env import Task
 
 SAMPLING = SamplingConfig(max_new_tokens=4)

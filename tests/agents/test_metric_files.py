@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import json
 
-from cmlrl_agents.logging import MetricsLogger
+from cmlrl_agents.runs.logging import MetricsLogger
 
 
 def _csv(path) -> list[list[str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import matplotlib
 import pytest
 
-from cmlrl_agents.logging import MetricsLogger
-from cmlrl_agents.plotting import plot_metrics
+from cmlrl_agents.runs.logging import MetricsLogger
+from cmlrl_agents.runs.plotting import plot_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

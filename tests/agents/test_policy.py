@@ -12,10 +12,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from cmlrl_agents import gguf, policy
-from cmlrl_agents.policy import Completion, LLMAgent, SamplingConfig, convert_gguf, smollm2_path
+from cmlrl_agents.policies import agent as policy
+from cmlrl_agents.policies import gguf
+from cmlrl_agents.policies.agent import (
+    Completion,
+    LLMAgent,
+    SamplingConfig,
+    convert_gguf,
+    smollm2_path,
+)
+from cmlrl_agents.policies.tokens import completion_lists, completion_mask_from_generated, left_pad
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model, tiny_tokenizer
-from cmlrl_agents.tokens import completion_lists, completion_mask_from_generated, left_pad
 
 PROMPTS = ["Say hi.", "Describe a city in the clouds, briefly."]
 

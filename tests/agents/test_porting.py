@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.actor_critic import IACTrainer, MAACTrainer
-from cmlrl_agents.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer
+from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 

@@ -1,4 +1,4 @@
-"""Hand-worked checks of cmlrl_agents.preference_losses (Bradley-Terry and DPO)."""
+"""Hand-worked checks of cmlrl_agents.functional.preference_losses (Bradley-Terry and DPO)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from cmlrl_agents.preference_losses import (
+from cmlrl_agents.functional.preference_losses import (
     bradley_terry_loss,
     dpo_implicit_rewards,
     dpo_loss,

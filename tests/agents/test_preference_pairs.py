@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from cmlrl_agents.preference_pairs import (
+from cmlrl_agents.algorithms.preference_pairs import (
     PairLabeler,
     PreferencePair,
     load_pairs,
     save_pairs,
     select_pairs,
 )
-from cmlrl_agents.redaction import REDACTED
+from cmlrl_agents.runs.redaction import REDACTED
 
 AGENTS = ["agent_0", "agent_1"]
 REWARDS = [0.1, 0.5, 0.5, 0.0]
@@ -142,7 +142,7 @@ def test_not_json_empty_and_missing_files(tmp_path):
 
 
 def test_an_llm_judge_is_antisymmetric_and_matches_its_log_probs():
-    from cmlrl_agents.preference_judge import LLMJudge
+    from cmlrl_agents.algorithms.preference_judge import LLMJudge
     from cmlrl_agents.testing import tiny_agent
 
     agent = tiny_agent(seed=3)

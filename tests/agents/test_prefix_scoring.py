@@ -11,11 +11,11 @@ import random
 import pytest
 import torch
 
-from cmlrl_agents.magrpo_config import MAGRPOConfig
-from cmlrl_agents.policy_gradient import PolicyGradientLearner, Sample
-from cmlrl_agents.prefix_scoring import prefix_shared_logprobs, prompt_groups
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
+from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner, Sample
+from cmlrl_agents.policies.prefix_scoring import prefix_shared_logprobs, prompt_groups
+from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
 
 VOCAB = 40
 

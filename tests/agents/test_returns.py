@@ -1,4 +1,4 @@
-"""Hand-worked checks of cmlrl_agents.returns, plus stable-baselines3 as an oracle for GAE."""
+"""Hand-worked checks of cmlrl_agents.functional.returns; stable-baselines3 is the GAE oracle."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from cmlrl_agents.returns import cross_credit, discounted_returns, gae, tree_returns
+from cmlrl_agents.functional.returns import cross_credit, discounted_returns, gae, tree_returns
 
 F64 = torch.float64
 NAN = float("nan")

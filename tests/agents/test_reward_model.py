@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer, PreferencePair, PreferenceRewardModel
-from cmlrl_agents.reward_model import joint_text, split_pairs
+from cmlrl_agents.algorithms.reward_model import joint_text, split_pairs
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_reward_model, tiny_tokenizer
 from cmlrl_env import tasks
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.actor_critic import IACTrainer
-from cmlrl_agents.actor_critic_config import IACConfig
-from cmlrl_agents.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from cmlrl_agents.cli import main
-from cmlrl_agents.policy import LLMAgent
-from cmlrl_agents.redaction import REDACTED, is_secret_key, is_secret_value, redact_secrets
+from cmlrl_agents.algorithms.actor_critic import IACTrainer
+from cmlrl_agents.algorithms.actor_critic_config import IACConfig
+from cmlrl_agents.cli.commands import main
+from cmlrl_agents.policies.agent import LLMAgent
+from cmlrl_agents.runs.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from cmlrl_agents.runs.redaction import REDACTED, is_secret_key, is_secret_value, redact_secrets
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 
@@ -222,7 +222,7 @@ def test_an_unreadable_optimizer_file_is_named_without_weights_only_advice(saved
 
 KILLED_RESAVE = """
 import os, signal, sys, torch
-import cmlrl_agents.checkpoint as ck
+import cmlrl_agents.runs.checkpoint as ck
 root = sys.argv[1]
 model = torch.nn.Linear(4, 4)
 ck.save_checkpoint(root, 1, models={"m": model}, trainer_state={"v": "old"}, keep_last=1)

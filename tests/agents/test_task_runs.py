@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cmlrl_agents.cli import main
+from cmlrl_agents.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"

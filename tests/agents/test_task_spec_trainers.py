@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from cmlrl_agents.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
-from cmlrl_agents.cli_plan import build_trainer, plan
-from cmlrl_agents.cli_spec import load_spec
-from cmlrl_agents.cli_tasks import TASK_SPEC_OPTIONS
-from cmlrl_agents.magrpo import MAGRPOTrainer
-from cmlrl_agents.magrpo_config import MAGRPOConfig
+from cmlrl_agents.algorithms.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
+from cmlrl_agents.cli.plan import build_trainer, plan
+from cmlrl_agents.cli.spec import load_spec
+from cmlrl_agents.cli.tasks import TASK_SPEC_OPTIONS
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import TaskSpec, tasks, writing_tasks
 

@@ -9,8 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from cmlrl_agents.testing import TINY_EOS_ID, tiny_model
-from cmlrl_agents.tokens import (
+from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
     completion_lists,
@@ -18,6 +17,7 @@ from cmlrl_agents.tokens import (
     left_pad,
     sequence_logprobs,
 )
+from cmlrl_agents.testing import TINY_EOS_ID, tiny_model
 
 EOS = TINY_EOS_ID  # also the pad id, as in SmolLM2
 VOCAB = 40

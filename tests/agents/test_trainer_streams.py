@@ -7,8 +7,8 @@ import re
 import pytest
 from datasets import Dataset, IterableDataset
 
-from cmlrl_agents.magrpo import MAGRPOTrainer
-from cmlrl_agents.magrpo_config import MAGRPOConfig
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import CoMLRLEnv, tasks
 

@@ -22,14 +22,14 @@ from cmlrl_agents import (
     save_rollout_tree,
     write_tree_html,
 )
-from cmlrl_agents import tree_plot as tree_plot_module
-from cmlrl_agents.cli import main
-from cmlrl_agents.losses import policy_gradient_loss
-from cmlrl_agents.magrpo import agent_samples
-from cmlrl_agents.policy import SamplingConfig
-from cmlrl_agents.rollout import collect_tree
+from cmlrl_agents.algorithms.magrpo import agent_samples
+from cmlrl_agents.cli.commands import main
+from cmlrl_agents.functional.losses import policy_gradient_loss
+from cmlrl_agents.policies.agent import SamplingConfig
+from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.runs import tree_plot as tree_plot_module
+from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
-from cmlrl_agents.tokens import build_batch, sequence_logprobs
 from cmlrl_env import Task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

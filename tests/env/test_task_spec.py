@@ -71,8 +71,8 @@ def test_check_task_takes_a_spec() -> None:
 
 
 def test_trainers_build_the_spec_from_the_seed_keywords(tmp_path) -> None:
-    from cmlrl_agents.magrpo import MAGRPOTrainer
-    from cmlrl_agents.magrpo_config import MAGRPOConfig
+    from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
+    from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
     from cmlrl_agents.testing import tiny_agent
 
     args = MAGRPOConfig(num_turns=1, early_termination_threshold=None, output_dir=str(tmp_path))

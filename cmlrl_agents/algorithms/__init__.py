@@ -1,0 +1,1 @@
+"""Learners and trainers: the MAGRPO family, the actor-critics, preference RL."""

@@ -1,0 +1,182 @@
+"""Actor-critic rollouts: the tree as chains of turns, GAE over them, and the samples.
+
+Pure bookkeeping over a :class:`~cmlrl_agents.runs.rollout.RolloutTree` and tensors (no model):
+which
+joint action continues which chain, the GAE advantages and returns of every joint action, and the
+:class:`RolloutSample` records the learner trains on and ``metrics_callback`` reads.
+
+Chains: with ``num_generations = G`` in a single turn, each of an item's G joint actions is its own
+one-step chain from the same state. With several turns G must be 1, so every item is one chain
+whose length is the number of turns played (early termination makes chains ragged; GAE treats the
+end as terminal). With G > 1 over several turns every turn-1 sample would head G**(T-1) chains
+(MAGRPO trains on such trees instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from cmlrl_agents.functional.advantages import normalize_batch
+from cmlrl_agents.functional.returns import gae
+from cmlrl_agents.runs.rollout import RolloutTree
+
+__all__ = [
+    "RolloutSample",
+    "StateKey",
+    "agent_rollouts",
+    "chain_gae",
+    "normalized",
+    "value_metrics",
+]
+
+StateKey = tuple[int, int]  # (level index, branch): one state of the rollout tree
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSample:
+    """One completion of one agent, with what the learner made of it."""
+
+    agent_idx: int
+    prompt: str
+    completion: str
+    turn: int
+    generation: int
+    item: Mapping[str, Any]
+    item_index: int | None
+    reward: float
+    returns: float
+    value: float
+    advantage: float
+    normalized_advantage: float | None
+    prompt_ids: tuple[int, ...] = dataclasses.field(repr=False)
+    completion_ids: tuple[int, ...] = dataclasses.field(repr=False)
+    item_slot: int = dataclasses.field(repr=False)
+    state_key: StateKey = dataclasses.field(repr=False)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``turn`` (1-based), ``generation``, ``item``, ``item_index``, ``reward`` (processed),
+        ``return`` (GAE target), ``value`` (V(s) at rollout), ``advantage`` (GAE) and
+        ``normalized_advantage`` (what the loss used; None in evaluation)."""
+        return {
+            "turn": self.turn,
+            "generation": self.generation,
+            "item": self.item,
+            "item_index": self.item_index,
+            "reward": self.reward,
+            "return": self.returns,
+            "value": self.value,
+            "advantage": self.advantage,
+            "normalized_advantage": self.normalized_advantage,
+        }
+
+
+def chain_gae(
+    tree: RolloutTree, state_values: list[torch.Tensor], discount: float, lam: float
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GAE advantages and returns of every joint action, per level ``[branches, J]``.
+
+    ``state_values[t]`` is ``[branches]``: V of each state of level ``t``. Level 0's joint actions
+    start the chains; a later level's branch continues its parent's chain (needs J = 1 there).
+    """
+    if len(tree.levels) > 1 and any(len(level.joints) != 1 for level in tree.levels):
+        raise ValueError("multi-turn chains need num_generations=1 (one joint action per state).")
+    first = tree.levels[0]
+    chains = [torch.arange(len(first.states) * len(first.joints)).reshape(len(first.states), -1)]
+    for level in tree.levels[1:]:
+        chains.append(chains[-1].reshape(-1)[torch.tensor(level.parent)].reshape(-1, 1))
+    shape = (chains[0].numel(), len(tree.levels))
+    rewards, values = torch.zeros(shape), torch.zeros(shape)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for t, (level, ids) in enumerate(zip(tree.levels, chains, strict=True)):
+        flat = ids.reshape(-1)
+        rewards[flat, t] = level.rewards.reshape(-1)
+        values[flat, t] = state_values[t].float().repeat_interleave(len(level.joints))
+        mask[flat, t] = True
+    adv, ret = gae(rewards, values, mask, discount, lam)
+    return (
+        [adv[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
+        [ret[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
+    )
+
+
+def agent_rollouts(
+    tree: RolloutTree,
+    agent: int,
+    state_values: list[torch.Tensor],
+    advantages: list[torch.Tensor],
+    returns: list[torch.Tensor],
+) -> list[RolloutSample]:
+    """Every completion ``agent`` gave in ``tree``, in level, branch, joint-action order."""
+    samples = []
+    for t, level in enumerate(tree.levels):
+        for b, state in enumerate(level.states):
+            for j, joint in enumerate(level.joints):
+                completion = level.completions[agent][b][joint[agent]]
+                samples.append(
+                    RolloutSample(
+                        agent,
+                        state.prompts[agent],
+                        completion.text,
+                        level.turn,
+                        joint[agent],
+                        state.item,
+                        state.item_index,
+                        float(level.rewards[b, j]),
+                        float(returns[t][b, j]),
+                        float(state_values[t][b]),
+                        float(advantages[t][b, j]),
+                        None,
+                        completion.prompt_ids,
+                        completion.completion_ids,
+                        level.item_slot[b],
+                        (t, b),
+                    )
+                )
+    return samples
+
+
+def normalized(samples: list[RolloutSample]) -> list[RolloutSample]:
+    """``normalized_advantage`` = the z-scored advantage over ``samples`` (one agent's round)."""
+    # One sample has no spread to normalise by (its z-score is 0): keep the raw advantage.
+    if len(samples) < 2:
+        return [dataclasses.replace(s, normalized_advantage=s.advantage) for s in samples]
+    z = normalize_batch(torch.tensor([s.advantage for s in samples])).tolist()
+    return [dataclasses.replace(s, normalized_advantage=v) for s, v in zip(samples, z, strict=True)]
+
+
+def value_metrics(rows: Mapping[str, list[RolloutSample]]) -> dict[str, float]:
+    """``<prefix>/value_mean`` and ``<prefix>/explained_variance`` per critic (``rows`` maps its
+    metric prefix to its samples), and both pooled over every critic without a prefix.
+
+    Explained variance is stable-baselines3's ``1 - Var[R - V] / Var[R]`` of the rollout-time
+    values against the GAE returns; it is left out where undefined (all returns equal, up to
+    float rounding).
+    """
+    metrics: dict[str, float] = {}
+    all_values, all_targets = [], []
+    for prefix, samples in rows.items():
+        values = np.array([s.value for s in samples])
+        targets = np.array([s.returns for s in samples])
+        all_values.append(values)
+        all_targets.append(targets)
+        metrics.update(_value_stats(f"{prefix}/", values, targets))
+    metrics.update(_value_stats("", np.concatenate(all_values), np.concatenate(all_targets)))
+    return metrics
+
+
+def _value_stats(prefix: str, values: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    # Imported here: stable-baselines3 pulls in gymnasium and takes seconds to import.
+    from stable_baselines3.common.utils import explained_variance
+
+    stats = {f"{prefix}value_mean": float(values.mean())}
+    # GAE returns are advantage + value, so equal rewards give returns equal only up to float
+    # rounding, and a 1e-15 variance would make the ratio meaningless rather than NaN.
+    if np.ptp(targets) > 1e-6 * max(1.0, float(np.abs(targets).max())):
+        stats[f"{prefix}explained_variance"] = float(explained_variance(values, targets))
+    return stats

@@ -1,0 +1,188 @@
+"""``MADPOTrainer``: multi-agent DPO, offline (one round) or iterative (``num_iterations``).
+
+Each round: (1) pairs from the current policy (or, in round 0, a ``pairs_file``), see
+:mod:`cmlrl_agents.algorithms.preference_trainer`; (2) ``num_train_epochs`` shuffled passes of DPO
+steps (``pair_batch_size`` pairs each, :class:`~cmlrl_agents.algorithms.preference_dpo.DPOLearner`)
+over them and the last ``replay_iterations`` rounds' pairs. The reference is the initial policy,
+frozen.
+
+Schedule: with ``eval_interval > 0`` an evaluation (task reward) runs before every
+``eval_interval``-th round's pair building, round 0 included, and after the last round.
+Checkpoints (``save_steps > 0``): at the end of a DPO epoch once ``save_steps`` more pairs were
+trained, and at the end; a resumed round reads its pairs back from the run folder.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset, IterableDataset
+from transformers import set_seed
+
+from cmlrl_agents.algorithms.preference_config import MADPOConfig
+from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PreparedPairs
+from cmlrl_agents.algorithms.preference_pairs import PreferencePair
+from cmlrl_agents.algorithms.preference_trainer import (
+    PreferenceTrainer,
+    check_sources,
+    no_task_reward,
+)
+from cmlrl_agents.runs.logging import ProgressBar
+from cmlrl_agents.runs.plotting import plot_metrics
+from cmlrl_agents.runs.trainer_runs import resume_target, train_kwargs_error
+from cmlrl_env import CoMLRLEnv
+
+__all__ = ["MADPOTrainer"]
+
+
+class MADPOTrainer(PreferenceTrainer):
+    """Multi-agent DPO with a frozen reference (SPEC §5's preference-based trainers).
+
+    The task as for MAGRPO (``train_dataset``, ``formatters``, ``reward_func``, or ``env=``);
+    pairs labelled by the task reward unless ``preference_func`` or ``comparator`` is given;
+    ``pairs_file`` (JSON lines) gives round 0's pairs, e.g. human labels.
+    """
+
+    algorithm = "madpo"
+
+    def __init__(
+        self,
+        agent_model: Any = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: Mapping[str, Any] | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | IterableDataset | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Any = None,
+        wandb_config: Mapping[str, Any] | None = None,
+        args: MADPOConfig | None = None,
+        env: CoMLRLEnv | None = None,
+        *,
+        preference_func: Callable[..., Any] | None = None,
+        comparator: Callable[..., Any] | None = None,
+        pairs_file: str | Path | None = None,
+    ) -> None:
+        args = MADPOConfig() if args is None else args
+        if not isinstance(args, MADPOConfig):
+            raise TypeError(f"args must be a MADPOConfig, got {type(args).__name__}.")
+        task_reward = reward_func if env is None else env.spec.reward_func
+        check_sources(task_reward, preference_func, comparator, pairs_file, eval_dataset)
+        needs_env = env is None and train_dataset is not None and reward_func is None
+        super().__init__(
+            args=args,
+            agent_model=agent_model,
+            agents=agents,
+            num_agents=num_agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_func=no_task_reward if needs_env else reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            env=env,
+            wandb_config=wandb_config,
+        )
+        self.setup_preferences(
+            has_task_reward=task_reward is not None,
+            preference_func=preference_func,
+            comparator=comparator,
+            pairs_file=pairs_file,
+        )
+        self.learner = DPOLearner(self.agents, args)
+
+    @property
+    def reference_models(self) -> list[torch.nn.Module]:
+        """The frozen reference policy (the agents' initial weights)."""
+        return self.learner.reference_models
+
+    def train(
+        self, resume_from_checkpoint: str | Path | bool | None = None, **unsupported: Any
+    ) -> dict[str, float]:
+        """``num_iterations`` rounds of pairs and DPO epochs; returns the last epoch's metrics.
+        ``resume_from_checkpoint`` as for every trainer (a folder, ``"latest"`` or True)."""
+        if unsupported:
+            raise train_kwargs_error(unsupported)
+        resume = resume_target(resume_from_checkpoint)
+        if self.env is None and self.pairs_file is None:
+            raise ValueError(
+                "MADPOTrainer was built without train_dataset or pairs_file, so train() has no "
+                "pairs to learn from; pass train_dataset=... (with a pair source) or pairs_file=."
+            )
+        if self.args.seed is not None:
+            set_seed(self.args.seed)
+        self._prepare_schedule()
+        if resume is None:
+            self._start_fresh()
+        else:
+            self.load_checkpoint(resume)
+        self.logger.write_config()
+        self._apply_learning_rates()
+        args, last = self.args, {}
+        progress = ProgressBar(args.num_iterations, verbose=self.logger.verbose, desc="madpo")
+        progress.update(self.epoch)
+        while self.epoch < args.num_iterations:
+            if self.epoch_position < args.num_train_epochs:
+                last = self._train_round(self.epoch) or last
+            self.epoch += 1
+            self.epoch_position = 0
+            progress.update(1, postfix={k: last[k] for k in ("loss",) if k in last})
+        progress.close()
+        if args.eval_interval:
+            self.evaluate()
+        self.logger.flush()
+        if args.save_steps:
+            self.save_checkpoint()
+        if self.logger.history:
+            plot_metrics(self.run_dir)
+        return last
+
+    def _train_round(self, k: int) -> dict[str, float]:
+        if self.epoch_position == 0:
+            if self.eval_due(k):
+                self.evaluate()
+            pairs = self.round_pairs(k)
+        else:  # resumed inside the round: its pairs as built then
+            pairs = self.saved_pairs(k)
+        replay = self.replay_pairs(k)
+        data = self.learner.prepare(pairs + replay)
+        last: dict[str, float] = {}
+        while self.epoch_position < self.args.num_train_epochs:
+            last = self.dpo_epoch(data)
+            last.update(
+                {
+                    "preference/iteration": float(k),
+                    "preference/train_pairs": float(len(data.pairs)),
+                    "preference/replay_pairs": float(len(replay)),
+                }
+            )
+            self.epoch_position += 1
+            self.items_seen += len(data.pairs)
+            self.logger.log_now(last, self.env_step)
+            self._maybe_checkpoint(len(data.pairs))
+        return last
+
+    def replay_pairs(self, k: int) -> list[PreferencePair]:
+        """The pairs of the last ``replay_iterations`` rounds before round ``k``."""
+        start = max(0, k - self.args.replay_iterations)
+        return [pair for j in range(start, k) for pair in self.saved_pairs(j)]
+
+    def dpo_epoch(self, data: PreparedPairs) -> dict[str, float]:
+        """One shuffled pass of DPO steps over ``data``; the steps' mean metrics (``loss``,
+        ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``, ``dpo/rejected_reward``)."""
+        order = torch.randperm(len(data.pairs)).tolist()
+        size = self.args.pair_batch_size
+        sums: dict[str, list[float]] = defaultdict(list)
+        for start in range(0, len(order), size):
+            stats = self.learner.step(data, order[start : start + size])
+            for key, value in stats.items():
+                name = key if key == "loss" or key.startswith("agent_") else f"dpo/{key}"
+                sums[name].append(value)
+        return {key: sum(v) / len(v) for key, v in sums.items()}

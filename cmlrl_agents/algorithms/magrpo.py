@@ -1,0 +1,168 @@
+"""``MAGRPOTrainer`` and its REINFORCE-family siblings (MAREINFORCE, MAReMax, MARLOO).
+
+The trainer is the loop: one round rolls out ``rollout_buffer_size`` task items through the
+env's tree (one batched generate per agent and turn) and hands the tree to its
+:class:`~cmlrl_agents.algorithms.policy_gradient.PolicyGradientLearner` (``trainer.learner``),
+whose public
+``update(tree)`` computes the returns and sibling-group advantages and steps every agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Unpack
+
+from cmlrl_agents._checks import finite_metrics
+from cmlrl_agents.algorithms.magrpo_config import (
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+)
+from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner, Sample, agent_samples
+from cmlrl_agents.runs.distributed import aggregate_metrics, data_parallel, turn_weights
+from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
+from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
+from cmlrl_agents.runs.trainer_keywords import TeamKeywords
+from cmlrl_agents.runs.tree_plot import save_rollout_tree
+from cmlrl_agents.runs.tree_view import rollout_tree_view
+
+__all__ = [
+    "MAGRPOTrainer",
+    "MAREINFORCETrainer",
+    "MAReMaxTrainer",
+    "MARLOOTrainer",
+    "Sample",
+    "agent_samples",
+    "eval_chains",
+]
+
+
+def eval_chains(tree: RolloutTree) -> list[list[list[str]]]:
+    """Completions of a one-sample-per-turn tree as ``[agent][item][turn]``."""
+    chains: list[list[list[str]]] = [[[] for _ in tree.items] for _ in range(tree.num_agents)]
+    for level in tree.levels:
+        for branch, slot in enumerate(level.item_slot):
+            for a in range(tree.num_agents):
+                chains[a][slot].append(level.completions[a][branch][0].text)
+    return chains
+
+
+class MAGRPOTrainer(TeamTrainer):
+    """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
+
+    Construct with ``agent_model="<hub id or folder>"`` (one copy per agent, or with
+    ``peft_config=LoraConfig(...)`` one LoRA adapter per agent over one shared base) or
+    ``agents=[model, ...]`` plus ``tokenizer=``; the task as ``train_dataset``, ``formatters``,
+    ``reward_func`` (``reward_processor``, ``external_transition``), as one ``task=TaskSpec(...)``
+    or as a ready ``env=``.
+    """
+
+    algorithm = "magrpo"
+    supports_data_parallel = True
+    config_class: type[MAGRPOConfig] = MAGRPOConfig
+    fixed_fields = (*TeamTrainer.fixed_fields, "reference_kl_enabled")
+
+    def __init__(
+        self,
+        agent_model: Any = None,
+        *,
+        eval_logger: Callable[..., Any] | None = None,
+        eval_aggregator: Callable[..., Any] | None = None,
+        args: MAGRPOConfig | None = None,
+        **team: Unpack[TeamKeywords],
+    ) -> None:
+        args = self.config_class() if args is None else args
+        if not isinstance(args, MAGRPOConfig):
+            raise TypeError(
+                f"args must be a MAGRPOConfig (or a REINFORCE-family config), got "
+                f"{type(args).__name__}."
+            )
+        if (eval_logger is None) != (eval_aggregator is None):
+            raise ValueError("eval_logger and eval_aggregator work together: pass both or neither.")
+        super().__init__(args=args, agent_model=agent_model, **team)
+        self.eval_logger = eval_logger
+        self.eval_aggregator = eval_aggregator
+        self.learner = PolicyGradientLearner(self.agents, args)
+        self.rounds = 0  # rounds trained by this object; tree_plot_interval counts them
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Evaluate on the first ``num_eval_samples`` eval items (default
+        ``args.eval_num_samples``); ``{}`` without an eval dataset."""
+        n = self.args.eval_num_samples if num_eval_samples is None else num_eval_samples
+        return self.evaluate_items(n)
+
+    def _items_per_round(self) -> int:
+        return self.args.rollout_buffer_size
+
+    def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
+        """``eval_aggregator(eval_logger(...), num_turns=T)`` over every evaluated item."""
+        if self.eval_logger is None or self.eval_aggregator is None:
+            return {}
+        completions: list[list[list[str]]] = [[] for _ in range(self.num_agents)]
+        items: list[Mapping[str, Any]] = []
+        for tree in trees:
+            chains = eval_chains(tree)
+            for a in range(self.num_agents):
+                completions[a].extend(chains[a])
+            items.extend(item for item, _ in tree.items)
+        rows = self.eval_logger(
+            agent_completions_turns=completions,
+            batch_items=items,
+            prompts=[item.get("prompt") for item in items],
+        )
+        return finite_metrics(
+            self.eval_aggregator(rows, num_turns=self.args.num_turns), "eval_aggregator"
+        )
+
+    # -- one round ----------------------------------------------------------------------------
+    def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
+        args, parallel = self.args, data_parallel()
+        tree = collect_tree(
+            self.env,
+            self.agents,
+            parallel.shard(items, args.items_per_step),  # all of them in one process
+            num_generations=args.num_generations,
+            sampling=self.agent_sampling,
+            joint_mode=args.joint_mode,
+            backend=self.generation_backend,
+        )
+        plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
+        if plot and parallel.is_main:
+            self.save_tree(tree)
+        self.rounds += 1
+        metrics = self.learner.update(tree)
+        self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
+        counts = {level.turn: level.num_joint_actions for level in tree.levels}
+        weights = turn_weights(metrics, counts)
+        return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
+
+    def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
+        """Draw the first item of ``tree`` with this trainer's return and advantage settings
+        into ``run_dir/trees/env_step-<E>`` (``.json``, ``.html`` and, unless the tree is too big
+        for one image, ``.png``); returns the paths by suffix."""
+        args = self.args
+        view = rollout_tree_view(
+            tree,
+            discount=args.discount,
+            advantage_mode=args.advantage_mode,
+            advantage_normalization=args.advantage_normalization,
+            env_step=self.env_step,
+        )
+        return save_rollout_tree(view, self.run_dir / "trees" / f"env_step-{self.env_step:06d}")
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    algorithm = "mareinforce"
+    config_class = MAREINFORCEConfig
+
+
+class MAReMaxTrainer(MAGRPOTrainer):
+    algorithm = "maremax"
+    config_class = MAReMaxConfig
+
+
+class MARLOOTrainer(MAGRPOTrainer):
+    algorithm = "marloo"
+    config_class = MARLOOConfig

@@ -1,0 +1,110 @@
+"""``MAGRPOConfig`` and the REINFORCE-family configs (MAREINFORCE, MAReMax, MARLOO).
+
+The four algorithms share one trainer and differ only in their default baseline and
+normalisation: the baseline (``advantage_mode``) and the std scaling
+(``advantage_normalization``) are separate switches, and the scaling never re-centres the
+advantages, so the variants really differ (in the reference they all collapse to one, bug B7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cmlrl_agents.runs.config import SharedConfig
+
+__all__ = ["MAGRPOConfig", "MAREINFORCEConfig", "MAReMaxConfig", "MARLOOConfig"]
+
+JOINT_MODES = ("aligned", "cross")
+ADVANTAGE_MODES = ("mean", "rloo", "max", "raw")
+LOSS_AGGREGATIONS = ("sequence_sum", "token_mean")
+
+
+@dataclass
+class MAGRPOConfig(SharedConfig):
+    """Multi-agent group-relative policy optimisation (SPEC §5–§6).
+
+    Each agent samples ``num_generations`` completions per state; ``joint_mode="aligned"`` pairs
+    them by index (G joint actions), ``"cross"`` takes every combination (G**N). In multi-turn
+    training every joint action that goes on is expanded into G children; a turn's return is its
+    reward plus ``discount`` times the mean return of its children.
+    """
+
+    num_generations: int = 4
+    """G: completions sampled per agent per state (>= 2 unless ``advantage_mode="raw"``)."""
+    joint_mode: str = "aligned"
+    advantage_mode: str = "mean"
+    """Baseline over the G siblings: mean, rloo (leave-one-out), max, or raw (none)."""
+    # The seed's and comlrl's name, kept because users set it; in the MAGRPO family it means
+    # std scaling without re-centring, in the actor-critics a z-score (see ActorCriticConfig).
+    advantage_normalization: bool = True
+    """Divide advantages by the siblings' return std (no re-centring); refused with
+    ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
+    loss_aggregation: str = "sequence_sum"
+    """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
+    rollout_buffer_size: int = 4
+    """Task items rolled out together (one batched generate per agent and turn) per update:
+    4 items make generate batches of 16 completions per agent, 2.4x cheaper per completion than
+    the reference's batches of 4 on 2 CPU cores (benchmarks/vs_comlrl.py)."""
+    reference_kl_enabled: bool = False
+    """Penalise divergence from a frozen copy of each agent's initial weights."""
+    reference_kl_coef: float = 0.1
+    prefix_sharing: bool = True
+    """Score the G completions of a prompt over one forward of the prompt (its KV cache serves
+    them, gradients included): the same log-probs and gradients to float rounding, fewer
+    FLOPs (benchmarks/prefix_scoring.py; cmlrl_agents/policies/prefix_scoring.py)."""
+    tree_plot_interval: int = 0
+    """Every N-th round (the 1st, the N+1-th, ...) draw the first item's rollout tree into
+    ``output_dir/trees/env_step-<E>.png`` with ``.html`` (full texts) and ``.json`` (0: never)."""
+    eval_interval: int = 16
+    logging_steps: int = 50
+
+    def validate(self) -> None:
+        super().validate()
+        self._int("num_generations", 1)
+        self._choice("joint_mode", JOINT_MODES)
+        self._choice("advantage_mode", ADVANTAGE_MODES)
+        self._bool("advantage_normalization")
+        self._choice("loss_aggregation", LOSS_AGGREGATIONS)
+        self._bool("reference_kl_enabled")
+        self._real("reference_kl_coef", 0.0)
+        self._bool("prefix_sharing")
+        self._int("tree_plot_interval", 0)
+        if self.advantage_mode == "raw" and self.advantage_normalization:
+            raise ValueError(
+                "advantage_mode='raw' with advantage_normalization=True: raw returns have no "
+                "baseline, so dividing them by their siblings' std amplifies equal returns "
+                "(std 0: a reward of 0.7 becomes an advantage of 7e5). Set "
+                "advantage_normalization=False (as MAREINFORCEConfig does) or use a baseline "
+                "(advantage_mode='mean', 'rloo' or 'max')."
+            )
+        if self.num_generations < 2 and self.advantage_mode != "raw":
+            raise ValueError(
+                f"num_generations={self.num_generations} with advantage_mode="
+                f"{self.advantage_mode!r}: a group baseline needs at least 2 samples per state; "
+                "use num_generations >= 2, or advantage_mode='raw' with "
+                "advantage_normalization=False (plain REINFORCE, MAREINFORCEConfig)."
+            )
+
+
+@dataclass
+class MAREINFORCEConfig(MAGRPOConfig):
+    """Plain multi-agent REINFORCE: raw returns, no baseline, no scaling."""
+
+    advantage_mode: str = "raw"
+    advantage_normalization: bool = False
+
+
+@dataclass
+class MAReMaxConfig(MAGRPOConfig):
+    """ReMax-style: the best sibling's return as the baseline."""
+
+    advantage_mode: str = "max"
+    advantage_normalization: bool = False
+
+
+@dataclass
+class MARLOOConfig(MAGRPOConfig):
+    """RLOO: the mean of the other siblings' returns as the baseline."""
+
+    advantage_mode: str = "rloo"
+    advantage_normalization: bool = False

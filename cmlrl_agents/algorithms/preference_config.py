@@ -1,0 +1,131 @@
+"""Configs of the preference-based trainers: ``MADPOConfig`` and ``MARLHFConfig``.
+
+``PreferenceConfig`` holds how pairs are built: each iteration every training item's agents
+sample ``preference_num_candidates`` aligned joint candidates (the current policy), which are
+labelled (task reward, ``preference_func`` or comparator) and selected by ``pair_selection``.
+comlrl's ``MADPOIterConfig`` / ``MARLHFIterConfig`` are aliases: iteration is the
+``num_iterations`` field here, not a second class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cmlrl_agents.algorithms.preference_pairs import PAIR_SELECTIONS
+from cmlrl_agents.runs.config import SharedConfig
+
+__all__ = [
+    "MADPOConfig",
+    "MADPOIterConfig",
+    "MARLHFConfig",
+    "MARLHFIterConfig",
+    "PreferenceConfig",
+    "RL_ALGORITHMS",
+]
+
+RL_ALGORITHMS = ("magrpo", "mareinforce", "maremax", "marloo", "iac", "maac")
+
+
+@dataclass
+class PreferenceConfig(SharedConfig):
+    """Pair building, shared by MADPO and MARLHF (single-turn tasks)."""
+
+    preference_num_candidates: int = 4
+    """K joint candidates sampled per training item and iteration (comlrl's default of 80 made
+    pair building the whole cost of a run, bug B10)."""
+    preference_pairs_per_sample: int | None = 4
+    """At most this many pairs per item (None: every labelled pair)."""
+    pair_selection: str = "reward_gap"
+    """reward_gap (largest task-reward gaps), all, or random (drawn with ``seed``)."""
+    eval_interval: int = 1
+    """Evaluate before every ``eval_interval``-th iteration (the first included) and after the
+    last; 0: manual evaluation only."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.num_turns != 1:
+            raise ValueError(
+                f"num_turns={self.num_turns}: the preference trainers compare single-turn joint "
+                "responses; use num_turns=1 (multi-turn tasks: MAGRPOConfig, IACConfig)."
+            )
+        self._int("preference_num_candidates", 2)
+        self._int("preference_pairs_per_sample", 1, optional=True)
+        self._choice("pair_selection", PAIR_SELECTIONS)
+        if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
+            raise ValueError(
+                f"pair_selection='all' keeps every pair, but preference_pairs_per_sample="
+                f"{self.preference_pairs_per_sample} caps them; set it to None, or use "
+                "pair_selection='reward_gap' or 'random'."
+            )
+
+
+@dataclass
+class MADPOConfig(PreferenceConfig):
+    """Multi-agent DPO against a frozen reference (the initial policy).
+
+    Each of ``num_iterations`` rounds regenerates pairs from the current policy and trains
+    ``num_train_epochs`` passes over them (plus the last ``replay_iterations`` rounds' pairs).
+    """
+
+    dpo_beta: float = 0.1
+    """beta of the DPO loss: the weight of the log-ratio to the reference."""
+    num_iterations: int = 1
+    """Rounds of (pairs from the current policy, DPO epochs); 1 is offline DPO."""
+    replay_iterations: int = 0
+    """Also train on the pairs of this many earlier rounds (0: only the current round's)."""
+    pair_batch_size: int = 8
+    """Pairs per optimizer step."""
+
+    def validate(self) -> None:
+        super().validate()
+        self._real("dpo_beta", 0.0, low_open=True)
+        self._int("num_iterations", 1)
+        self._int("replay_iterations", 0)
+        self._int("pair_batch_size", 1)
+        if self.lr_scheduler_type != "constant":
+            raise ValueError(
+                f"lr_scheduler_type={self.lr_scheduler_type!r}: MADPO's number of optimizer steps "
+                "depends on the pairs each round finds, so a decay has no known end; use "
+                "'constant' (warmup_steps still works)."
+            )
+
+
+@dataclass
+class MARLHFConfig(PreferenceConfig):
+    """Pairs → a Bradley-Terry reward model → RL on the learned reward (``rl_args``)."""
+
+    rl_algorithm: str = "magrpo"
+    """The RL phase: magrpo, mareinforce, maremax, marloo, iac or maac."""
+    rl_args: SharedConfig | None = None
+    """The RL phase's config (None: that algorithm's defaults); its ``output_dir`` None becomes
+    ``<output_dir>/rl``."""
+    reward_learning_rate: float = 1e-4
+    reward_num_train_epochs: int = 1
+    reward_batch_size: int = 8
+    reward_eval_fraction: float = 0.2
+    """Share of the pairs held out to measure the reward model's pair accuracy."""
+    reward_model_device: str | None = None
+    """None: CUDA when available, else CPU (never a hard-coded cuda:0, bug B11)."""
+    reward_max_length: int | None = 512
+    """Tokens kept per reward-model text (left-truncated: the responses are at the end)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self._choice("rl_algorithm", RL_ALGORITHMS)
+        if self.rl_args is not None and not isinstance(self.rl_args, SharedConfig):
+            raise TypeError(
+                f"rl_args must be the RL phase's config (e.g. MAGRPOConfig()), got "
+                f"{type(self.rl_args).__name__}."
+            )
+        self._real("reward_learning_rate", 0.0, low_open=True)
+        self._int("reward_num_train_epochs", 1)
+        self._int("reward_batch_size", 1)
+        self._real("reward_eval_fraction", 0.0, 0.9)
+        self._devices("reward_model_device")
+        self._int("reward_max_length", 8, optional=True)
+
+
+MADPOIterConfig = MADPOConfig
+"""comlrl's iterative-DPO name: ``num_iterations`` rounds regenerate pairs here."""
+MARLHFIterConfig = MARLHFConfig
+"""comlrl's iterative-MARLHF name (one round of pairs, reward model and RL)."""

@@ -1,0 +1,168 @@
+"""``DPOLearner``: the multi-agent DPO step against frozen reference models.
+
+A joint response's log-probability is the sum of the agents' sequence log-probs (the team's
+policy is the product of its agents'), so the DPO margin of a pair is ``beta`` times the sum over
+agents of ``(log pi_a - log pi_ref_a)(chosen_a) - (...)(rejected_a)``. One backward through that
+joint loss gives every agent its gradient; each agent's optimizer then steps. The reference
+log-probs of a round's pairs are computed once (:meth:`DPOLearner.prepare`), since the
+reference never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
+from cmlrl_agents.algorithms.preference_config import MADPOConfig
+from cmlrl_agents.algorithms.preference_pairs import PreferencePair
+from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers
+from cmlrl_agents.functional.preference_losses import dpo_loss, dpo_margin_stats, joint_log_ratio
+from cmlrl_agents.policies.agent import LLMAgent
+from cmlrl_agents.policies.devices import resolve_devices
+from cmlrl_agents.policies.reference import reference_logprobs, reference_policies
+from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+
+__all__ = ["DPOLearner", "PreparedPairs", "pair_tokens"]
+
+Rows = list[list[int]]
+
+
+def pair_tokens(pair: PreferencePair, agents: Sequence[LLMAgent]) -> tuple[Rows, Rows, Rows]:
+    """Per agent ``(prompt_ids, chosen_ids, rejected_ids)``: the sampled tokens when the pair
+    has them, else the texts tokenized (prompt as the agent formats it, response + EOS)."""
+    if pair.prompt_ids is not None and pair.chosen_ids is not None and pair.rejected_ids:
+        return (
+            [list(r) for r in pair.prompt_ids],
+            [list(r) for r in pair.chosen_ids],
+            [list(r) for r in pair.rejected_ids],
+        )
+    prompts, chosen, rejected = [], [], []
+    for a, agent in enumerate(agents):
+        prompts.append(agent.encode_prompts([pair.prompts[a]])[0])
+        eos = agent.tokenizer.eos_token_id
+        end = [] if eos is None else [int(eos)]
+        for text, out in ((pair.chosen[a], chosen), (pair.rejected[a], rejected)):
+            out.append(list(agent.tokenizer(text, add_special_tokens=False)["input_ids"]) + end)
+    return prompts, chosen, rejected
+
+
+@dataclass
+class PreparedPairs:
+    """A round's pairs as tokens, with their reference log-probs ``[N, P]``."""
+
+    pairs: list[PreferencePair]
+    prompts: list[Rows]
+    """``prompts[a][p]``: agent a's prompt tokens of pair p (likewise chosen, rejected)."""
+    chosen: list[Rows]
+    rejected: list[Rows]
+    ref_chosen: Tensor
+    ref_rejected: Tensor
+
+
+class DPOLearner:
+    """Per agent: an AdamW optimizer and a frozen reference copy of its initial weights."""
+
+    def __init__(self, agents: Sequence[LLMAgent], args: MADPOConfig) -> None:
+        self.agents = list(agents)
+        self.args = args
+        self.optimizers: list[torch.optim.Optimizer] = [
+            make_adamw(
+                (p for p in agent.model.parameters() if p.requires_grad),
+                args.agent_learning_rate,
+                f"agents[{i}]",
+            )
+            for i, agent in enumerate(self.agents)
+        ]
+        devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
+        self.reference_models = reference_policies(self.agents, devices)
+        self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
+
+    def schedule(self, rounds: object = None) -> None:
+        """Warmup schedulers (constant after warmup: the step count is not known ahead)."""
+        if self.schedulers:
+            return
+        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
+        self.schedulers = make_schedulers(
+            optimizers, self.args.lr_scheduler_type, self.args.warmup_steps, None
+        )
+
+    def _logps(self, model: torch.nn.Module, agent: LLMAgent, prompts: Rows, rows: Rows) -> Tensor:
+        batch = build_batch(prompts, rows, agent.pad_token_id).to(agent.device)
+        return sequence_logprobs(model, batch).sum(dim=1)
+
+    def prepare(self, pairs: list[PreferencePair]) -> PreparedPairs:
+        """Tokenize the pairs and score them once under the reference models."""
+        tokens = [pair_tokens(p, self.agents) for p in pairs]
+        prompts = [[t[0][a] for t in tokens] for a in range(len(self.agents))]
+        chosen = [[t[1][a] for t in tokens] for a in range(len(self.agents))]
+        rejected = [[t[2][a] for t in tokens] for a in range(len(self.agents))]
+        size = self.args.forward_batch_size or len(pairs)
+        ref_c, ref_r = [], []
+        for a, agent in enumerate(self.agents):
+            ref = self.reference_models[a]
+            parts_c, parts_r = [], []
+            for s in range(0, len(pairs), size):
+                for rows, out in ((chosen[a], parts_c), (rejected[a], parts_r)):
+                    batch = build_batch(
+                        prompts[a][s : s + size], rows[s : s + size], agent.pad_token_id
+                    )
+                    out.append(reference_logprobs(ref, batch).sum(dim=1).cpu())
+            ref_c.append(torch.cat(parts_c))
+            ref_r.append(torch.cat(parts_r))
+        return PreparedPairs(
+            pairs, prompts, chosen, rejected, torch.stack(ref_c), torch.stack(ref_r)
+        )
+
+    def step(self, data: PreparedPairs, indices: Sequence[int]) -> dict[str, float]:
+        """One optimizer step per agent on the pairs ``indices`` (forwards of
+        ``forward_batch_size`` pairs, scaled so that chunking changes nothing)."""
+        args = self.args
+        for agent, optimizer in zip(self.agents, self.optimizers, strict=True):
+            agent.model.train()
+            optimizer.zero_grad(set_to_none=True)
+        size = args.forward_batch_size or len(indices)
+        loss_sum, chosen_all, rejected_all = 0.0, [], []
+        for s in range(0, len(indices), size):
+            chunk = list(indices[s : s + size])
+            pol_c, pol_r = [], []
+            for a, agent in enumerate(self.agents):
+                prompts = [data.prompts[a][i] for i in chunk]
+                both = self._logps(
+                    agent.model,
+                    agent,
+                    prompts + prompts,
+                    [data.chosen[a][i] for i in chunk] + [data.rejected[a][i] for i in chunk],
+                ).cpu()  # the joint sum needs every agent's values on one device
+                pol_c.append(both[: len(chunk)])
+                pol_r.append(both[len(chunk) :])
+            chosen = joint_log_ratio(torch.stack(pol_c), data.ref_chosen[:, chunk])
+            rejected = joint_log_ratio(torch.stack(pol_r), data.ref_rejected[:, chunk])
+            loss = dpo_loss(chosen, rejected, args.dpo_beta).sum() / len(indices)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            chosen_all.append(chosen.detach())
+            rejected_all.append(rejected.detach())
+        stats = {"loss": loss_sum}
+        stats.update(
+            dpo_margin_stats(torch.cat(chosen_all), torch.cat(rejected_all), args.dpo_beta)
+        )
+        for i, optimizer in enumerate(self.optimizers):
+            stats[f"agent_{i}/grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
+            if f"agent_{i}" in self.schedulers:
+                self.schedulers[f"agent_{i}"].step()
+        return stats
+
+    # -- saving ---------------------------------------------------------------------------------
+    def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, object]]:
+        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
+        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
+        return models, optimizers
+
+    def apply_learning_rates(self) -> None:
+        for i, optimizer in enumerate(self.optimizers):
+            lrs = [self.args.agent_learning_rate] * len(optimizer.param_groups)
+            apply_learning_rates(optimizer, self.schedulers.get(f"agent_{i}"), lrs)

@@ -1,0 +1,198 @@
+"""What the preference trainers (MADPO, MARLHF) share: the pair sources and pair building.
+
+Pairs come from the current policy: every training item's agents sample
+``preference_num_candidates`` aligned joint candidates through the env (``collect_tree``, one
+batched generate per agent for ``rollout_buffer_size`` items), which are labelled by the task
+reward, a ``preference_func`` or a comparator
+(:class:`~cmlrl_agents.algorithms.preference_pairs.PairLabeler`). A ``pairs_file`` (JSON lines, e.g.
+human labels) gives the first round's pairs instead. Each round's pairs are written to
+``<run_dir>/preference/pairs-<round>.jsonl``; a resumed run and replay read them back.
+
+``env_step`` counts joint candidates scored by the env (each one joint action); training on
+pairs scores none, so it does not advance ``env_step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cmlrl_agents.algorithms.preference_config import PreferenceConfig
+from cmlrl_agents.algorithms.preference_pairs import (
+    PairLabeler,
+    PreferencePair,
+    load_pairs,
+    pairs_from_tree,
+    save_pairs,
+)
+from cmlrl_agents.runs.metrics import turn_key
+from cmlrl_agents.runs.rollout import collect_tree
+from cmlrl_agents.runs.run_dirs import dataset_fingerprint
+from cmlrl_agents.runs.trainer import TeamTrainer
+
+__all__ = ["PreferenceTrainer", "no_task_reward"]
+
+
+def no_task_reward(*completions: list[str]) -> list[float]:
+    """The env's reward when pairs come from a judge and no task reward was given: 0 for every
+    joint response (never logged as a reward, never used for evaluation)."""
+    return [0.0] * len(completions[0])
+
+
+def check_sources(
+    reward_func: Any, preference_func: Any, comparator: Any, pairs_file: Any, eval_dataset: Any
+) -> None:
+    """One way to label pairs, and a task reward wherever one is needed."""
+    for name, value in (("preference_func", preference_func), ("comparator", comparator)):
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"{name} must be callable(joint_a, joint_b, item) -> 1 | 0 | -1, got {value!r}."
+            )
+    if preference_func is not None and comparator is not None:
+        raise ValueError(
+            "pass preference_func or comparator, not both: each labels every pair on its own."
+        )
+    if reward_func is None and preference_func is None and comparator is None and not pairs_file:
+        raise ValueError(
+            "no preference source: pass reward_func (pairs ranked by task reward), "
+            "preference_func=..., comparator=... or pairs_file='pairs.jsonl'."
+        )
+    if reward_func is None and eval_dataset is not None:
+        raise ValueError(
+            "eval_dataset is given but reward_func is not: evaluation scores the policy with the "
+            "task reward. Pass reward_func=..., or drop eval_dataset."
+        )
+
+
+class PreferenceTrainer(TeamTrainer):
+    """A :class:`TeamTrainer` whose rounds start by building preference pairs."""
+
+    args: PreferenceConfig
+
+    def setup_preferences(
+        self,
+        *,
+        has_task_reward: bool,
+        preference_func: Callable[..., Any] | None,
+        comparator: Callable[..., Any] | None,
+        pairs_file: str | Path | None,
+    ) -> None:
+        """Bind the pair source (called by the subclasses' ``__init__`` after ``super``)."""
+        args = self.args
+        self.has_task_reward = has_task_reward
+        judge, name = preference_func, "preference_func"
+        if comparator is not None:
+            judge, name = comparator, f"comparator {type(comparator).__name__}"
+        self.labeler = PairLabeler(
+            selection=args.pair_selection,
+            max_pairs=args.preference_pairs_per_sample,
+            judge=judge,
+            name=name if judge is not None else "task reward",
+            seed=args.seed,
+        )
+        self.pairs_file = None if pairs_file is None else Path(pairs_file)
+        self.agent_names = [f"agent_{i}" for i in range(self.num_agents)]
+        if self.pairs_file is not None:  # read now: a bad file fails before any training
+            self.file_pairs = load_pairs(self.pairs_file, self.agent_names)
+
+    def pairs_path(self, round_index: int) -> Path:
+        return self.run_dir / "preference" / f"pairs-{round_index:03d}.jsonl"
+
+    def round_pairs(self, round_index: int) -> list[PreferencePair]:
+        """The round's pairs: the file's (round 0), or built from the current policy; written
+        to :meth:`pairs_path`."""
+        if round_index == 0 and self.pairs_file is not None:
+            pairs = list(self.file_pairs)
+            self.logger.log_now({"preference/pairs": float(len(pairs))}, self.env_step)
+        else:
+            pairs = self.build_pairs(round_index)
+        save_pairs(self.pairs_path(round_index), pairs, self.agent_names)
+        return pairs
+
+    def saved_pairs(self, round_index: int) -> list[PreferencePair]:
+        """A round's pairs as this run wrote them (resume, replay)."""
+        return load_pairs(self.pairs_path(round_index), self.agent_names)
+
+    def build_pairs(self, round_index: int) -> list[PreferencePair]:
+        """Sample K joint candidates per training item from the current policy and label them."""
+        if self.env is None:
+            raise ValueError(
+                f"round {round_index} builds pairs from the policy, which needs train_dataset "
+                "(and reward_func, preference_func or comparator); the pairs_file gives round 0 "
+                "only. Pass train_dataset=..., or set num_iterations=1."
+            )
+        args, size = self.args, self.args.rollout_buffer_size
+        self.labeler.start_round(round_index)
+        items = [
+            (item, index)
+            for index, item in self.env.epoch_items(round_index + 1, 0, name="train_dataset")
+        ]
+        pairs: list[PreferencePair] = []
+        rewards: list[float] = []
+        for start in range(0, len(items), size):
+            tree = collect_tree(
+                self.env,
+                self.agents,
+                items[start : start + size],
+                num_generations=args.preference_num_candidates,
+                sampling=self.sampling,
+            )
+            self.env_step += tree.env_steps
+            pairs.extend(pairs_from_tree(tree, self.labeler))
+            rewards.extend(float(r) for r in tree.levels[0].rewards.reshape(-1))
+        if not pairs:
+            raise ValueError(self._no_pairs_message(round_index, len(items)))
+        metrics = self._pair_metrics(round_index, pairs)
+        if self.has_task_reward:  # the candidates' task reward: the seed's training metrics
+            mean = sum(rewards) / len(rewards)
+            metrics[turn_key(1, "reward_mean")] = metrics[turn_key(1, "expected_return")] = mean
+        self.logger.log_now(metrics, self.env_step)
+        return pairs
+
+    def _no_pairs_message(self, round_index: int, num_items: int) -> str:
+        k = self.args.preference_num_candidates
+        why = (
+            "got the same task reward (all ties)"
+            if self.labeler.judge is None
+            else f"were judged ties (0) by the {self.labeler.name}"
+        )
+        return (
+            f"round {round_index} found no preference pair: on all {num_items} training items the "
+            f"{k} joint candidates {why}. Raise preference_num_candidates or temperature, use a "
+            "reward with finer grades, or give labelled pairs (preference_func, pairs_file)."
+        )
+
+    def _pair_metrics(self, round_index: int, pairs: list[PreferencePair]) -> dict[str, float]:
+        metrics = {"preference/iteration": float(round_index), "preference/pairs": len(pairs)}
+        if self.has_task_reward and self.labeler.judge is None:
+            gaps = [p.chosen_reward - p.rejected_reward for p in pairs]  # type: ignore[operator]
+            metrics["preference/reward_gap_mean"] = sum(gaps) / len(gaps)
+        return {k: float(v) for k, v in metrics.items()}
+
+    # -- shared trainer plumbing ------------------------------------------------------------------
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """One response per agent on the first ``num_eval_samples`` eval items (default
+        ``args.eval_num_samples``), scored with the task reward; ``{}`` without eval_dataset."""
+        n = self.args.eval_num_samples if num_eval_samples is None else num_eval_samples
+        return self.evaluate_items(n)
+
+    def eval_due(self, round_index: int) -> bool:
+        """Before every ``eval_interval``-th round (round 0 included)."""
+        interval = self.args.eval_interval
+        return bool(interval) and round_index % interval == 0
+
+    def _prepare_schedule(self) -> None:
+        self.learner.schedule(None)
+
+    def _identity(self) -> dict[str, Any]:
+        data = None if self.env is None else self.env.spec.dataset
+        return {
+            "algorithm": self.algorithm,
+            "num_agents": self.num_agents,
+            "models": self.model_names,
+            "model_classes": [type(a.model).__name__ for a in self.agents],
+            "model_parameters": [sum(p.numel() for p in a.model.parameters()) for a in self.agents],
+            "preference_num_candidates": self.args.preference_num_candidates,
+            "train_dataset": dataset_fingerprint(data),
+        }

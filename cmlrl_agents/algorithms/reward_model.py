@@ -1,0 +1,184 @@
+"""A reward model learned from preferences, usable as a plain ``reward_func`` (SPEC §4).
+
+:class:`PreferenceRewardModel` wraps a sequence-classification model with one output (e.g.
+``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)``) that reads a joint
+response as one text (:func:`joint_text`: the item's prompt, then each agent's response).
+:meth:`~PreferenceRewardModel.fit` trains it with the Bradley-Terry loss on preference pairs and
+reports the pair accuracy on held-out pairs. Called as ``reward_model(c1, c2, batch_items=...)``
+it returns one reward per joint response, without gradients and without moving or updating
+anything: a trainer only uses the returned values.
+
+Device: given, else CUDA when there is one, else CPU (the reference defaulted to ``cuda:0`` and
+crashed on CPU-only machines, bug B11).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
+from cmlrl_agents.algorithms.preference_pairs import PreferencePair
+from cmlrl_agents.functional.preference_losses import bradley_terry_loss, pair_accuracy
+
+__all__ = ["PreferenceRewardModel", "joint_text", "split_pairs"]
+
+
+def joint_text(completions: Sequence[str], item: Mapping[str, Any] | None) -> str:
+    """The text a reward model reads for one joint response: the task prompt (when the item has
+    a string ``"prompt"``) and each agent's response, labelled in actor order."""
+    parts = []
+    if item is not None and isinstance(item.get("prompt"), str):
+        parts.append(f"Task: {item['prompt']}")
+    parts.extend(f"Agent {a + 1} response:\n{text}" for a, text in enumerate(completions))
+    return "\n\n".join(parts)
+
+
+def split_pairs(
+    pairs: Sequence[PreferencePair], eval_fraction: float, seed: int | None
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """A seeded shuffle split into (train, held-out); held-out gets ``round(fraction * n)``
+    pairs, at least one when the fraction is positive and at least one pair is left to train."""
+    order = list(pairs)
+    random.Random(seed).shuffle(order)
+    held = round(eval_fraction * len(order))
+    if eval_fraction > 0 and len(order) >= 2:
+        held = min(max(held, 1), len(order) - 1)
+    return order[held:], order[:held]
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class PreferenceRewardModel:
+    """A one-output sequence-classification model as a reward over joint responses."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: str | torch.device | None = None,
+        max_length: int | None = 512,
+    ) -> None:
+        labels = getattr(getattr(model, "config", None), "num_labels", None)
+        if labels != 1:
+            raise ValueError(
+                f"the reward model must output one score per text (config.num_labels=1), got "
+                f"num_labels={labels!r}; load it with "
+                "AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)."
+            )
+        pad = tokenizer.pad_token_id
+        if pad is None and tokenizer.eos_token_id is None:
+            raise ValueError("the reward model's tokenizer has neither a pad nor an EOS token.")
+        self.pad_token_id = int(pad if pad is not None else tokenizer.eos_token_id)
+        if model.config.pad_token_id is None:  # it finds each row's last real token by it
+            model.config.pad_token_id = self.pad_token_id
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str | Path, *, device: str | None = None, **kwargs: Any
+    ) -> PreferenceRewardModel:
+        """Load a backbone (hub id or local folder) with a fresh one-output score head."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            name_or_path, num_labels=1, dtype=torch.float32
+        )
+        return cls(model, tokenizer, device=device, **kwargs)
+
+    def _batch(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        rows = self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+        if self.max_length is not None:  # keep the end: the responses come last
+            rows = [row[-self.max_length :] for row in rows]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            mask[b, : len(row)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def score(self, texts: Sequence[str]) -> Tensor:
+        """``[B]`` scores of ``texts`` (differentiable unless called under ``no_grad``)."""
+        ids, mask = self._batch(texts)
+        return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+
+    def __call__(
+        self, *completions: list[str], batch_items: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[float]:
+        """A ``reward_func``: one list of completions per agent, one reward per joint response."""
+        item = batch_items[0] if batch_items else None
+        texts = [joint_text(joint, item) for joint in zip(*completions, strict=True)]
+        self.model.eval()
+        with torch.no_grad():
+            return [float(s) for s in self.score(texts)]
+
+    def pair_scores(self, pairs: Sequence[PreferencePair]) -> tuple[Tensor, Tensor]:
+        chosen = self.score([joint_text(p.chosen, p.item) for p in pairs])
+        rejected = self.score([joint_text(p.rejected, p.item) for p in pairs])
+        return chosen, rejected
+
+    def accuracy(self, pairs: Sequence[PreferencePair]) -> float:
+        """Share of ``pairs`` whose chosen joint response scores higher."""
+        self.model.eval()
+        with torch.no_grad():
+            return pair_accuracy(*self.pair_scores(pairs))
+
+    def fit(
+        self,
+        train_pairs: Sequence[PreferencePair],
+        eval_pairs: Sequence[PreferencePair] = (),
+        *,
+        learning_rate: float = 1e-4,
+        epochs: int = 1,
+        batch_size: int = 8,
+        max_grad_norm: float | None = 1.0,
+        seed: int | None = None,
+    ) -> dict[str, float]:
+        """Bradley-Terry training; returns ``reward_model/loss`` (last epoch's mean),
+        ``reward_model/train_accuracy`` and, with ``eval_pairs``, ``reward_model/eval_accuracy``
+        (held-out pairs, before: ``reward_model/eval_accuracy_before``)."""
+        if not train_pairs:
+            raise ValueError("fit needs at least one training pair.")
+        metrics = {}
+        if eval_pairs:
+            metrics["reward_model/eval_accuracy_before"] = self.accuracy(eval_pairs)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = make_adamw(params, learning_rate, "reward_model")
+        rng = random.Random(seed)
+        for _ in range(epochs):
+            order, losses = list(train_pairs), []
+            rng.shuffle(order)
+            self.model.train()
+            for start in range(0, len(order), batch_size):
+                loss = bradley_terry_loss(*self.pair_scores(order[start : start + batch_size]))
+                loss.backward()
+                clip_and_step(optimizer, max_grad_norm)
+                losses.append(float(loss.detach()))
+            metrics["reward_model/loss"] = sum(losses) / len(losses)
+        self.model.eval()
+        metrics["reward_model/train_accuracy"] = self.accuracy(train_pairs)
+        metrics["reward_model/train_pairs"] = float(len(train_pairs))
+        if eval_pairs:
+            metrics["reward_model/eval_accuracy"] = self.accuracy(eval_pairs)
+            metrics["reward_model/eval_pairs"] = float(len(eval_pairs))
+        return metrics
+
+    def freeze(self) -> PreferenceRewardModel:
+        """No parameter of the model requires gradients any more (it is only a reward now)."""
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.eval()
+        return self

@@ -1,0 +1,5 @@
+"""The ``cmlrl`` command: run files, task building, plans and paper tasks."""
+
+from cmlrl_agents.cli.commands import main
+
+__all__ = ["main"]

@@ -1,0 +1,197 @@
+"""The plan of a ``cmlrl`` run file: every section checked, then the trainer built from it.
+
+``plan(spec)`` validates the sections and resolves the task without loading a model;
+``build_trainer(plan)`` loads the models and constructs the trainer. The commands that use them
+live in :mod:`cmlrl_agents.cli.commands`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cmlrl_agents.cli.tasks import (
+    SECTIONS,
+    TRAINER_CALLBACKS,
+    CLIError,
+    TaskSection,
+    build_task,
+    check_keys,
+)
+from cmlrl_agents.policies.build import MODEL_CONFIG_KEYS
+from cmlrl_agents.runs.config import SharedConfig
+from cmlrl_agents.runs.logging import WANDB_CONFIG_KEYS
+
+__all__ = [
+    "ALGORITHMS",
+    "BUILTIN_MODELS",
+    "MODEL_KEYS",
+    "Plan",
+    "build_trainer",
+    "plan",
+    "trainer_class",
+]
+
+# Imported on use: the actor-critic trainers may be missing from an installation.
+ALGORITHMS = {
+    "magrpo": "cmlrl_agents.algorithms.magrpo:MAGRPOTrainer",
+    "mareinforce": "cmlrl_agents.algorithms.magrpo:MAREINFORCETrainer",
+    "maremax": "cmlrl_agents.algorithms.magrpo:MAReMaxTrainer",
+    "marloo": "cmlrl_agents.algorithms.magrpo:MARLOOTrainer",
+    "iac": "cmlrl_agents.algorithms.actor_critic:IACTrainer",
+    "maac": "cmlrl_agents.algorithms.actor_critic:MAACTrainer",
+    "magrpo_centralized": "cmlrl_agents.algorithms.centralized:CentralizedMAGRPOTrainer",
+}
+# Algorithms that train one model for every role of the task.
+SINGLE_POLICY_ALGORITHMS = ("magrpo_centralized",)
+BUILTIN_MODELS = ("tiny", "smollm2")
+MODEL_KEYS = ("name_or_path", "critic_name_or_path", *MODEL_CONFIG_KEYS)
+
+
+def trainer_class(name: Any) -> type:
+    """The trainer registered under ``name`` (imported now)."""
+    if name not in ALGORITHMS:
+        raise CLIError(f"unknown algorithm {name!r}; valid: {', '.join(ALGORITHMS)}.")
+    module, _, attr = ALGORITHMS[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise CLIError(f"algorithm {name!r} is not available in this installation: {exc}") from None
+
+
+@dataclass
+class Plan:
+    """A validated run file, before any model is loaded."""
+
+    algorithm: str
+    trainer_class: type
+    config: SharedConfig
+    task: TaskSection
+    model: dict[str, Any] | None
+    wandb: dict[str, Any] | None
+
+
+def plan(spec: Mapping[str, Any], *, need_model: bool = True) -> Plan:
+    """Check every section of ``spec`` and resolve the task; loads no model."""
+    check_keys(spec, SECTIONS, "section")
+    algorithm = spec.get("algorithm", "magrpo")
+    cls = trainer_class(algorithm)
+    task = build_task(spec.get("task"))
+    config = _config(cls.config_class, spec.get("config"), task.config_defaults)
+    wandb = spec.get("wandb")
+    if wandb is False:
+        wandb = None
+    if wandb is not None:
+        if not isinstance(wandb, Mapping):
+            raise CLIError(f"wandb must be a mapping (or null to turn W&B off), got {wandb!r}.")
+        check_keys(wandb, WANDB_CONFIG_KEYS, "wandb key")
+    model = _model_section(spec.get("model")) if need_model or "model" in spec else None
+    p = Plan(algorithm, cls, config, task, model, None if wandb is None else dict(wandb))
+    _check_fit(p)
+    return p
+
+
+def _check_fit(p: Plan) -> None:
+    """Refuse task callbacks and critics that the algorithm would not use."""
+    params = inspect.signature(p.trainer_class).parameters
+    for name in p.task.callbacks:
+        if name not in params:
+            takes = [c for c in TRAINER_CALLBACKS if c in params]
+            raise CLIError(
+                f"task.{name} is not used by algorithm {p.algorithm!r}; it takes {takes}."
+            )
+    if p.model and "critic_name_or_path" in p.model and not _num_critics(p, 1):
+        why = " with use_separate_critic=false" if p.algorithm == "iac" else ""
+        raise CLIError(f"model.critic_name_or_path is not used by algorithm {p.algorithm!r}{why}.")
+
+
+def _config(cls: type[SharedConfig], section: Any, defaults: Mapping[str, Any]) -> SharedConfig:
+    if section is not None and not isinstance(section, Mapping):
+        raise CLIError(f"config must be a mapping of {cls.__name__} fields, got {section!r}.")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    check_keys(section or {}, valid, f"config field of {cls.__name__}")
+    try:
+        return cls(**{**defaults, **(section or {})})
+    except (TypeError, ValueError) as exc:
+        raise CLIError(f"config: {exc}") from None
+
+
+def _model_section(section: Any) -> dict[str, Any]:
+    if section is None:
+        raise CLIError(
+            f"the run file has no model section; give `model: NAME` with NAME one of "
+            f"{list(BUILTIN_MODELS)}, a hub id or a local folder, or `model: {{name_or_path: "
+            "..., dtype: ..., device: ...}`."
+        )
+    if isinstance(section, str):
+        section = {"name_or_path": section}
+    if not isinstance(section, Mapping):
+        raise CLIError(f"model must be a name or a mapping, got {section!r}.")
+    check_keys(section, MODEL_KEYS, "model key")
+    if not section.get("name_or_path"):
+        raise CLIError(f"model needs name_or_path: one of {list(BUILTIN_MODELS)}, or a path.")
+    return dict(section)
+
+
+def _models(name: str, count: int, model_config: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Trainer arguments for ``count`` models named ``name``: built-in, hub id or folder."""
+    if name == "tiny":
+        from cmlrl_agents.tiny_models import tiny_agent
+
+        keys = ("chat_template", "system_prompt", "device")
+        options = {k: model_config[k] for k in keys if k in model_config}
+        return {"agents": [tiny_agent(seed + i, **options) for i in range(count)]}
+    if name == "smollm2":
+        from cmlrl_agents.policies.agent import smollm2_path
+
+        return {"agent_model": str(smollm2_path(model_config.get("cache_dir")))}
+    return {"agent_model": name}
+
+
+def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path] = ()) -> Any:
+    """The trainer of a plan; ``agent_dirs`` (one ``save_model`` folder per agent) replace the
+    run file's model."""
+    assert p.model is not None, "plan(..., need_model=True) first"
+    num_agents = p.config.num_agents or p.task.num_agents or 2
+    roles = p.algorithm in SINGLE_POLICY_ALGORITHMS  # the spec is the team task of num_roles
+    num_roles = (p.config.num_roles or p.task.num_agents) if roles else None
+    if roles and num_roles is None:
+        raise CLIError(
+            f"{p.algorithm} needs the number of roles: give one formatter per role "
+            "(task.formatters: [...]) or config.num_roles."
+        )
+    model_config = {k: v for k, v in p.model.items() if k in MODEL_CONFIG_KEYS}
+    name = str(p.model["name_or_path"])
+    if agent_dirs:
+        models: dict[str, Any] = {"agents": [str(d) for d in agent_dirs]}
+    else:
+        count = 1 if roles else num_agents
+        models = _models(name, count, model_config, seed=0)
+    num_critics = _num_critics(p, num_agents)
+    if num_critics:
+        critic = _models(
+            str(p.model.get("critic_name_or_path", name)), num_critics, model_config, seed=100
+        )
+        models |= {"critic_model": critic.get("agent_model"), "critics": critic.get("agents")}
+    return p.trainer_class(
+        **models,
+        model_config=model_config or None,
+        task=p.task.spec(p.config, num_agents=num_roles if roles else num_agents),
+        eval_dataset=p.task.eval_dataset,
+        wandb_config=p.wandb if use_wandb else None,
+        args=p.config,
+        **p.task.callbacks,
+    )
+
+
+def _num_critics(p: Plan, num_agents: int) -> int:
+    if "critic_model" not in inspect.signature(p.trainer_class).parameters:
+        return 0
+    if p.algorithm == "maac":
+        return 1
+    return num_agents if getattr(p.config, "use_separate_critic", True) else 0

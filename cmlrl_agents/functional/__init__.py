@@ -1,0 +1,1 @@
+"""Pure math on tensors: returns, advantages and losses, tested without a model."""

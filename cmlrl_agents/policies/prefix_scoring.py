@@ -1,0 +1,200 @@
+"""Prefix-shared scoring: the G completions of one prompt scored with one forward of the prompt.
+
+:func:`prefix_shared_logprobs` has :func:`cmlrl_agents.policies.tokens.sequence_logprobs`'s
+signature and result, so the learner swaps one for the other on a config switch
+(``prefix_sharing``). It runs two forwards instead of one:
+
+1. The batch's *distinct* prompts, left-padded so that every prompt ends in the last column, with
+   explicit position ids (a row's first real token is position 0, as in the unshared pass) and
+   a fresh ``DynamicCache``; only the last position's logits are computed: they score each
+   prompt's first completion token.
+2. The cache is gathered to one row per completion (``Cache.batch_select_indices``: an index,
+   so gradients flow back to the one prompt forward and sum over its G completions), and the
+   completions minus their last token are run on top of it: position ``t`` scores token
+   ``t + 1``.
+
+The prompt's keys and values are computed once per distinct prompt instead of once per
+completion, with autograd through the cache; log-probs and gradients equal the unshared pass up
+to float rounding (``tests/agents/test_prefix_scoring.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from transformers import Cache, DynamicCache
+
+from cmlrl_agents.policies.tokens import (
+    TokenBatch,
+    _accepts_logits_to_keep,
+    _check_vocab,
+    _gather_logprobs,
+    sequence_logprobs,
+)
+
+__all__ = ["PromptGroups", "prefix_shared_logprobs", "prompt_groups", "scorer"]
+
+Scorer = Callable[..., Tensor]
+
+
+def scorer(prefix_sharing: bool) -> Scorer:
+    """The learner's scoring function: prefix-shared or the plain padded forward (both take
+    ``(model, batch, *, chunk=None)`` and return the same ``[B, L]`` log-probs)."""
+    return prefix_shared_logprobs if prefix_sharing else sequence_logprobs
+
+
+class PromptGroups:
+    """The rows of a :class:`TokenBatch` grouped by identical prompt (first-seen order).
+
+    ``prompt_len[b]`` is where row ``b``'s completion starts, ``length[b]`` its real length,
+    ``group[b]`` the index of its prompt in ``prompts``.
+    """
+
+    def __init__(self, batch: TokenBatch) -> None:
+        mask = batch.completion_mask.bool()
+        self.length: list[int] = batch.attention_mask.sum(dim=1).tolist()
+        has = mask.any(dim=1)
+        first = mask.float().argmax(dim=1)  # the first 1 of each row (0 when there is none)
+        starts = torch.where(has, first, torch.tensor(self.length, device=first.device))
+        self.prompt_len: list[int] = starts.tolist()
+        rows = batch.input_ids.tolist()
+        index: dict[tuple[int, ...], int] = {}
+        self.group: list[int] = []
+        for row, n_p in zip(rows, self.prompt_len, strict=True):
+            self.group.append(index.setdefault(tuple(row[:n_p]), len(index)))
+        self.prompts: list[tuple[int, ...]] = list(index)
+
+    @property
+    def shares(self) -> bool:
+        """Whether some prompt serves more than one row (else sharing saves nothing)."""
+        return len(self.prompts) < len(self.group)
+
+
+def prompt_groups(batch: TokenBatch) -> PromptGroups:
+    """The batch's rows grouped by prompt (see :class:`PromptGroups`)."""
+    return PromptGroups(batch)
+
+
+def _left_padded(
+    rows: list[tuple[int, ...]], pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(input_ids, attention_mask, position_ids)`` of left-padded rows; real tokens of each
+    row sit at positions 0..n-1, as they do in the right-padded unshared batch."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for u, row in enumerate(rows):
+        ids[u, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        attn[u, width - len(row) :] = 1
+    positions = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    return ids.to(device), attn.to(device), positions.to(device)
+
+
+def _cache_keyword(model: nn.Module) -> str:
+    # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name
+    # warns); models written for older versions still take ``past_key_values``.
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        names = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def _forward(
+    model: nn.Module, keep: int, cache: Cache, **inputs: Tensor
+) -> tuple[Tensor, Cache | None]:
+    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    out = model(use_cache=True, **{_cache_keyword(model): cache}, **inputs, **kwargs)
+    # ``.get`` of the old name warns on 5.24, so it is looked up only where "cache" is absent.
+    # ``.get`` of the old name warns on 5.24, so it is looked up only where "cache" is absent.
+    returned = out["cache"] if "cache" in out else out.get("past_key_values")
+    expected = inputs["attention_mask"].shape[1]  # type: ignore[union-attr]
+    if returned is None or returned.get_seq_length() != expected:
+        # Gradient checkpointing turns the cache off in training (and hands back the empty
+        # cache it was given): the continuations would then score without their prompt.
+        raise ValueError(
+            "prefix_sharing needs the model's KV cache, but the forward did not fill it "
+            "(gradient checkpointing turns the cache off in training); set "
+            "prefix_sharing=False in the config, or turn gradient checkpointing off"
+        )
+    return out.logits[:, -keep:], returned
+
+
+def prefix_shared_logprobs(
+    model: nn.Module, batch: TokenBatch, *, chunk: int | None = None
+) -> Tensor:
+    """Per-token log-probs of ``batch`` like :func:`~cmlrl_agents.policies.tokens.sequence_logprobs`
+    (same arguments, same float32 ``[B, L]`` result, 0 off the completion mask), each distinct
+    prompt run once (see the module docstring). A batch without a repeated prompt takes the
+    unshared path: there is nothing to share.
+    """
+    groups = prompt_groups(batch)
+    if not groups.shares:
+        return sequence_logprobs(model, batch, chunk=chunk)
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
+    if min(groups.prompt_len) < 1:
+        raise ValueError(
+            "completion_mask marks position 0, which has no preceding token to predict it; "
+            "every row needs at least one prompt token (use build_batch)"
+        )
+    _check_vocab(model, batch.input_ids)
+    device = batch.input_ids.device
+    ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id
+    first_logits, cache = _forward(
+        model, 1, input_ids=ids, attention_mask=attn, position_ids=positions,
+        cache=DynamicCache(),
+    )  # fmt: skip
+    group = torch.tensor(groups.group, device=device)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
+    rows = torch.arange(len(groups.group), device=device)
+    start = torch.tensor(groups.prompt_len, device=device)
+    has = torch.tensor(
+        [n > p for n, p in zip(groups.length, groups.prompt_len, strict=True)], device=device
+    )
+    first_target = batch.input_ids[rows, start.clamp(max=batch.input_ids.shape[1] - 1)]
+    first_lp = _gather_logprobs(first_logits[group], first_target.unsqueeze(1), chunk)[:, 0]
+    out[rows[has], start[has]] = first_lp[has]
+    cont_len = max(n - p for n, p in zip(groups.length, groups.prompt_len, strict=True)) - 1
+    if cont_len > 0:
+        rest = _continuation_logprobs(model, batch, groups, cache, attn, group, cont_len, chunk)
+        cols = start.unsqueeze(1) + 1 + torch.arange(cont_len, device=device)
+        valid = cols < torch.tensor(groups.length, device=device).unsqueeze(1)
+        out[rows.unsqueeze(1).expand_as(cols)[valid], cols[valid]] = rest[valid]
+    # where(), not multiply: whatever sits off the mask must not leak in as NaN.
+    return torch.where(batch.completion_mask.bool(), out, torch.zeros_like(out))
+
+
+def _continuation_logprobs(
+    model: nn.Module,
+    batch: TokenBatch,
+    groups: PromptGroups,
+    cache: Cache,
+    prompt_attn: Tensor,
+    group: Tensor,
+    cont_len: int,
+    chunk: int | None,
+) -> Tensor:
+    """``[B, cont_len]``: log-probs of completion tokens 1.. of each row, from one forward of
+    tokens 0..cont_len-1 over the prompt cache gathered to one row per completion."""
+    device = batch.input_ids.device
+    b = len(groups.group)
+    ids = torch.full((b, cont_len + 1), 0, dtype=torch.long, device=device)
+    attn = torch.zeros((b, cont_len), dtype=torch.long, device=device)
+    for r, (p, n) in enumerate(zip(groups.prompt_len, groups.length, strict=True)):
+        ids[r, : n - p] = batch.input_ids[r, p:n]
+        attn[r, : max(n - p - 1, 0)] = 1
+    cache.batch_select_indices(group)
+    positions = torch.tensor(groups.prompt_len, device=device).unsqueeze(1) + torch.arange(
+        cont_len, device=device
+    )
+    logits, _ = _forward(
+        model, cont_len, input_ids=ids[:, :cont_len],
+        attention_mask=torch.cat([prompt_attn[group], attn], dim=1),
+        position_ids=positions, cache=cache,
+    )  # fmt: skip
+    return _gather_logprobs(logits, ids[:, 1:], chunk)

@@ -1,0 +1,136 @@
+"""The frozen reference policy of the KL penalty, shared by every learner.
+
+With ``reference_kl_enabled`` a learner keeps a frozen copy of each agent's initial weights and
+adds ``reference_kl_coef`` times the k3 estimate of KL(policy || reference) to the agent's loss
+(TRL-style: a loss term, no extra policy forward). Adapter agents (``peft_config``) need no
+copy: their reference is the shared base with its adapters disabled (:class:`BaseWithoutAdapters`).
+The per-turn statistics are logged as ``turn_k/reference_kl_mean`` and
+``turn_k/reference_kl_penalty_mean`` (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from cmlrl_agents.functional.losses import kl_k3
+from cmlrl_agents.policies.tokens import TokenBatch, sequence_logprobs
+from cmlrl_agents.runs.metrics import turn_key
+
+__all__ = [
+    "BaseWithoutAdapters",
+    "frozen_copies",
+    "kl_turn_means",
+    "kl_turn_stats",
+    "reference_kl",
+    "reference_logprobs",
+    "reference_policies",
+]
+
+
+class BaseWithoutAdapters:
+    """The reference of adapter agents: their shared base with every adapter disabled
+    (peft's ``disable_adapter()``), read in eval mode and without gradients; nothing is copied."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.model.disable_adapter():
+                return sequence_logprobs(self.model, batch)
+        finally:
+            self.model.train(was_training)
+
+
+Reference = torch.nn.Module | BaseWithoutAdapters
+
+
+def reference_policies(agents: Sequence[Any], devices: Sequence[torch.device] | None) -> list[Any]:
+    """Per agent its reference: the adapters' base (one per shared base, no copy) for an adapter
+    agent, else a frozen copy of its model on ``devices[i]`` when given."""
+    if devices is not None and any(a.adapter is not None for a in agents):
+        raise ValueError(
+            f"reference_devices={[str(d) for d in devices]} places frozen reference copies, but "
+            "adapter agents (peft_config) have none: their reference is the shared base with "
+            "adapters disabled. Leave reference_devices unset."
+        )
+    bases: dict[int, BaseWithoutAdapters] = {}
+    out: list[Any] = []
+    for i, agent in enumerate(agents):
+        if agent.adapter is None:
+            out.append(_frozen_copy(agent.model, None if devices is None else devices[i]))
+        else:
+            out.append(bases.setdefault(id(agent.model), BaseWithoutAdapters(agent.model)))
+    return out
+
+
+def frozen_copies(
+    models: Sequence[torch.nn.Module], devices: Sequence[torch.device] | None
+) -> list[torch.nn.Module]:
+    """One frozen copy per model, on ``devices[i]`` when given (else beside the model)."""
+    return [_frozen_copy(m, None if devices is None else devices[i]) for i, m in enumerate(models)]
+
+
+def _frozen_copy(model: torch.nn.Module, device: torch.device | None) -> torch.nn.Module:
+    # Copied where the model is, then moved device to device (never through the CPU).
+    ref = copy.deepcopy(model).eval()
+    if device is not None:
+        ref.to(device)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def reference_kl(reference: Reference, batch: TokenBatch, logprobs: torch.Tensor) -> torch.Tensor:
+    """Per row of ``batch``: k3 KL of the policy's token log-probs to the reference's."""
+    if isinstance(reference, BaseWithoutAdapters):
+        ref = reference.logprobs(batch).to(logprobs.device)
+        return kl_k3(logprobs, ref, batch.completion_mask)
+    with torch.no_grad():
+        ref_device = next(reference.parameters()).device
+        ref = sequence_logprobs(reference, batch.to(ref_device)).to(logprobs.device)
+    return kl_k3(logprobs, ref, batch.completion_mask)
+
+
+def reference_logprobs(reference: Reference, batch: TokenBatch) -> torch.Tensor:
+    """``[B, L]`` token log-probs of ``batch`` under the frozen reference (no gradient), on the
+    reference's device; the one place a learner other than the KL term reads the reference."""
+    if isinstance(reference, BaseWithoutAdapters):
+        return reference.logprobs(batch)
+    with torch.no_grad():
+        ref_device = next(reference.parameters()).device
+        return sequence_logprobs(reference, batch.to(ref_device))
+
+
+KL_METRICS = ("reference_kl_mean", "reference_kl_penalty_mean")
+
+
+def kl_turn_stats(kl_by_turn: Mapping[int, list[float]], coef: float) -> dict[str, float]:
+    """``turn_k/reference_kl_mean`` and ``…_penalty_mean`` from per-sample KLs by turn."""
+    stats = {}
+    for turn, values in kl_by_turn.items():
+        mean = sum(values) / len(values)
+        stats[turn_key(turn, "reference_kl_mean")] = mean
+        stats[turn_key(turn, "reference_kl_penalty_mean")] = coef * mean
+    return stats
+
+
+def kl_turn_means(
+    metrics: Mapping[str, float], num_agents: int, num_turns: int
+) -> dict[str, float]:
+    """Team means of the per-agent ``agent_i/turn_k/reference_kl_*`` metrics under the seed's
+    ``turn_k/…`` names, for the turns every agent has (names looked up, never parsed)."""
+    out = {}
+    for turn in range(1, num_turns + 1):
+        for name in KL_METRICS:
+            key = turn_key(turn, name)
+            values = [metrics.get(f"agent_{a}/{key}") for a in range(num_agents)]
+            if all(v is not None for v in values):
+                out[key] = sum(values) / num_agents  # type: ignore[arg-type]
+    return out

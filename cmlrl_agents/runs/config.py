@@ -1,0 +1,336 @@
+"""Validated config dataclasses shared by every trainer.
+
+A config checks itself in ``__post_init__`` and again on every assignment, because users set
+fields after construction (SPEC §5: ``trainer.args.eval_num_samples = len(eval_dataset)``). No other
+code re-checks a field. Messages name the field, quote the value and say what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from torch import device as torch_device
+
+__all__ = ["ValidatedConfig", "SharedConfig"]
+
+LR_SCHEDULER_TYPES = ("constant", "linear", "cosine")
+"""The learning-rate shapes after warmup (``transformers.get_scheduler``'s, see schedules.py)."""
+
+SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k")
+"""The generation settings ``agent_sampling`` may set per agent."""
+
+GENERATION_BACKENDS = ("hf", "vllm")
+
+MAX_SEED = 2**32 - 1
+"""numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
+
+
+class ValidatedConfig:
+    """Mixin: ``validate()`` runs after ``__init__`` and on each assignment (undone on error).
+
+    A trainer marks the fields it reads only once, at construction, with :meth:`fix_fields`;
+    assigning a new value to one then raises instead of passing validation and doing nothing.
+    """
+
+    _ready = False
+    _fixed: dict[str, str] = {}  # noqa: RUF012 - replaced per instance by fix_fields
+
+    def __post_init__(self) -> None:
+        self.validate()
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not self._ready:
+            object.__setattr__(self, name, value)
+            return
+        if name not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            raise AttributeError(
+                f"{type(self).__name__} has no field {name!r}; valid fields: "
+                f"{sorted(f.name for f in fields(self))}."  # type: ignore[arg-type]
+            )
+        old = getattr(self, name)
+        if name in self._fixed and value != old:
+            raise AttributeError(
+                f"args.{name} cannot change after {self._fixed[name]} was built (it is used "
+                f"once, at construction, with {name}={old!r}); build a new trainer with "
+                f"{type(self).__name__}(..., {name}={value!r})."
+            )
+        object.__setattr__(self, name, value)
+        try:
+            self.validate()
+        except (TypeError, ValueError):
+            object.__setattr__(self, name, old)
+            raise
+
+    def validate(self) -> None:
+        raise NotImplementedError
+
+    def fix_fields(self, names: tuple[str, ...], owner: str) -> None:
+        """Refuse later changes to ``names``: ``owner`` (a trainer) read them once."""
+        fixed = {**self._fixed, **dict.fromkeys(names, owner)}
+        object.__setattr__(self, "_fixed", fixed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (copy.deepcopy, pickle) is a new config for a new trainer: nothing fixed yet.
+        state = dict(self.__dict__)
+        state.pop("_fixed", None)
+        return state
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    # -- rule helpers: each raises with the field name and value ---------------------------------
+    def _int(self, name: str, low: int | None = None, *, optional: bool = False) -> None:
+        value = getattr(self, name)
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}.")
+
+    def _real(
+        self,
+        name: str,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        optional: bool = False,
+    ) -> None:
+        value = getattr(self, name)
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise TypeError(f"{name} must be a number, got {value!r}.")
+        if math.isinf(value):
+            # An infinite rate, temperature or coefficient turns every update into NaN.
+            hint = " (None turns it off)" if optional else ""
+            raise ValueError(f"{name} must be finite, got {value}{hint}.")
+        if low is not None and (value <= low if low_open else value < low):
+            op = ">" if low_open else ">="
+            raise ValueError(f"{name} must be {op} {low}, got {value}.")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be <= {high}, got {value}.")
+
+    def _choice(self, name: str, choices: tuple[str, ...]) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+
+    def _devices(self, name: str) -> None:
+        """None, one device string (or "auto") for every model, or a list of device strings."""
+        value = getattr(self, name)
+        if value is None or value == "auto":
+            return
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not items:
+            raise TypeError(
+                f"{name} must be a device string ('cpu', 'cuda:0', 'auto') or a non-empty list "
+                f"of them (one per model, or one for all), got {value!r}."
+            )
+        for item in items:
+            if not isinstance(item, str):
+                raise TypeError(f"{name} entries must be device strings, got {item!r}.")
+            try:
+                torch_device(item)
+            except (RuntimeError, ValueError):
+                raise ValueError(
+                    f"{name} has {item!r}, which is not a device; use e.g. 'cpu', 'cuda:0' or "
+                    "'mps' ('auto' only as the whole value)."
+                ) from None
+
+    def _bool(self, name: str) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}.")
+
+
+@dataclass
+class SharedConfig(ValidatedConfig):
+    """Fields every trainer has: team, turns, sampling, schedule, logging, checkpoints."""
+
+    num_agents: int | None = None
+    """Team size; None takes it from the trainer (``num_agents=``, ``agents=`` or formatters)."""
+    num_turns: int = 1
+    """Turns per episode; >1 needs ``external_transition``."""
+    num_train_epochs: int = 1
+    """Passes over the training task items (>= 1; to only evaluate, call ``evaluate()``)."""
+    agent_learning_rate: float = 5e-6
+    """AdamW learning rate of every agent."""
+    lr_scheduler_type: str = "constant"
+    """Learning-rate shape after warmup: "constant", "linear" or "cosine" (to 0 at the run's
+    last optimizer step; needs a map-style train_dataset). Applies to every optimizer."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to the learning rate (0: none)."""
+    max_new_tokens: int = 128
+    """Generation cap per completion (tokens)."""
+    min_new_tokens: int = 0
+    """No EOS before this many tokens (0: off); used to force equal lengths in benchmarks."""
+    temperature: float = 0.6
+    top_p: float = 0.6
+    top_k: int | None = 50
+    agent_sampling: list[dict[str, Any]] | None = None
+    """Per-agent sampling: one dict per agent overriding any of ``max_new_tokens``,
+    ``min_new_tokens``, ``temperature``, ``top_p``, ``top_k`` for that agent (``{}`` keeps the
+    shared fields). Adapter agents of one base share one generate call only when their settings
+    are equal: rows are grouped by settings, one call per distinct setting."""
+    generation_backend: str = "hf"
+    """"hf" (transformers ``generate``) or "vllm" (the optional ``cmlrl[vllm]`` extra; serves
+    the adapters of LoRA agents per request and reloads them after each update)."""
+    discount: float = 1.0
+    """Weight of later turns in a turn's return."""
+    early_termination_threshold: float | None = -0.2
+    """A branch ends after a turn whose reward exceeds this (None: always play every turn)."""
+    eval_interval: int = 16
+    """Evaluate before item 0 of each epoch and then every ``eval_interval`` training task items;
+    0: manual evaluation only."""
+    eval_num_samples: int = 4
+    """How many items from the start of the eval split each evaluation scores (> 0)."""
+    eval_batch_size: int = 1
+    """Items per generation batch in evaluation (batching only, not the number of responses)."""
+    logging_steps: int = 1
+    """Minimum ``env_step`` gap between training log entries; entries in a gap are averaged."""
+    max_grad_norm: float | None = 1.0
+    """Clip each agent's gradient norm (None: no clipping)."""
+    seed: int | None = None
+    """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
+    output_dir: str | None = None
+    """Local metrics, config, plots and checkpoints.
+
+    None: ``runs/<algorithm>-<date>-<time>-<run id>``, a new folder per trainer."""
+    # comlrl's name (users rely on it): the task items of one round, not a replay buffer.
+    rollout_buffer_size: int = 2
+    """Task items rolled out together (one batched generate per agent and turn) per update."""
+    train_batch_size: int | None = None
+    """Task items per optimizer step within an update (None: the whole buffer, one step)."""
+    forward_batch_size: int | None = 8
+    """Sequences per forward/backward pass (gradients accumulated: the result does not depend on
+    it). Bounds activation memory: a two-turn MAGRPO round of 4 items scores 80 completions per
+    agent, which peaks at 18.4 GB for SmolLM2-135M in one pass and 4.9 GB in passes of 8.
+    None: all in one pass."""
+    verbose: bool | None = None
+    """Progress bar and eval lines (None: on in a terminal, or as
+    ``wandb_config["config_sections"]["output"]["verbose"]`` says)."""
+    save_steps: int = 0
+    """Checkpoint every ``save_steps`` training task items and at the end (0: only on request)."""
+    save_total_limit: int | None = None
+    """Keep the newest ``save_total_limit`` checkpoints (None: keep all)."""
+    overwrite_output_dir: bool = False
+    """Let a fresh ``train()`` start in an ``output_dir`` that holds another run's checkpoints
+    (they are deleted). False: such a folder is refused unless ``train()`` resumes from it."""
+    agent_devices: str | list[str] | None = None
+    """Where each agent lives: one device for all ("cuda:0", "cpu"), one per agent
+    (["cuda:0", "cuda:1"]), or "auto" (agent i on cuda:i when there are enough GPUs, else all on
+    cuda:0; cpu without CUDA). None: where the model already is (or ``model_config["device"]``)."""
+    reference_devices: str | list[str] | None = None
+    """Where the frozen reference copies live when the reference KL is on (None: beside their
+    agent). Same forms as ``agent_devices``."""
+    parallel_training: str | None = None
+    """comlrl's switch; only None or "none" (see validate() for why "mp" is refused)."""
+
+    def validate(self) -> None:
+        self._int("num_agents", 1, optional=True)
+        self._int("num_turns", 1)
+        self._int("num_train_epochs", 1)
+        self._real("agent_learning_rate", 0.0, low_open=True)
+        self._choice("lr_scheduler_type", LR_SCHEDULER_TYPES)
+        self._int("warmup_steps", 0)
+        self._int("max_new_tokens", 1)
+        self._real("temperature", 0.0, low_open=True)
+        self._real("top_p", 0.0, 1.0, low_open=True)
+        self._int("top_k", 1, optional=True)
+        self._int("min_new_tokens", 0)
+        self._check_generation()
+        self._real("discount", 0.0, 1.0)
+        self._real("early_termination_threshold", optional=True)
+        self._int("eval_interval", 0)
+        self._int("eval_num_samples", 1)
+        self._int("eval_batch_size", 1)
+        self._int("logging_steps", 1)
+        self._real("max_grad_norm", 0.0, low_open=True, optional=True)
+        self._int("seed", 0, optional=True)
+        if self.seed is not None and self.seed > MAX_SEED:
+            raise ValueError(
+                f"seed must be <= {MAX_SEED} (numpy's seed range, 2**32 - 1), got {self.seed}."
+            )
+        if self.output_dir is not None and not isinstance(self.output_dir, str):
+            raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ValueError(
+                f"output_dir={self.output_dir!r} is empty; give a folder path, or None for "
+                "runs/<algorithm>-<time>."
+            )
+        self._int("rollout_buffer_size", 1)
+        self._int("train_batch_size", 1, optional=True)
+        self._int("forward_batch_size", 1, optional=True)
+        if self.train_batch_size is not None and self.train_batch_size > self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} is larger than rollout_buffer_size="
+                f"{self.rollout_buffer_size}; an optimizer step cannot use more items than one "
+                "rollout collects. Lower train_batch_size or raise rollout_buffer_size."
+            )
+        if self.verbose is not None:
+            self._bool("verbose")
+        self._int("save_steps", 0)
+        self._int("save_total_limit", 1, optional=True)
+        self._bool("overwrite_output_dir")
+        self._devices("agent_devices")
+        self._devices("reference_devices")
+        if self.parallel_training not in (None, "none"):
+            raise ValueError(
+                f"parallel_training={self.parallel_training!r} (comlrl's threaded model "
+                "parallelism) is not needed here: place each agent with agent_devices=['cuda:0', "
+                "'cuda:1', ...] and each agent's generate and update run on its own device; "
+                "throughput comes from batching (rollout_buffer_size items per batched generate, "
+                "forward_batch_size for scoring). Leave parallel_training unset."
+            )
+
+    def _check_generation(self) -> None:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} is larger than max_new_tokens="
+                f"{self.max_new_tokens}; lower min_new_tokens or raise max_new_tokens."
+            )
+        self._choice("generation_backend", GENERATION_BACKENDS)
+        value = self.agent_sampling
+        if value is None:
+            return
+        if not isinstance(value, list) or not all(isinstance(d, dict) for d in value):
+            raise TypeError(
+                f"agent_sampling must be None or a list of dicts (one per agent), got {value!r}."
+            )
+        if self.num_agents is not None and len(value) != self.num_agents:
+            raise ValueError(
+                f"agent_sampling has {len(value)} entries but num_agents={self.num_agents}; give "
+                "one dict per agent ({} keeps the shared settings)."
+            )
+        for i, overrides in enumerate(value):
+            self.sampling_for(i, overrides)
+
+    def sampling_for(self, agent: int, overrides: dict[str, Any] | None = None) -> Any:
+        """Agent ``agent``'s ``SamplingConfig``: the shared fields with its ``agent_sampling``
+        entry applied."""
+        from cmlrl_agents.policies.agent import SamplingConfig
+
+        if overrides is None:
+            overrides = {} if self.agent_sampling is None else self.agent_sampling[agent]
+        unknown = sorted(set(overrides) - set(SAMPLING_KEYS))
+        if unknown:
+            raise ValueError(
+                f"agent_sampling[{agent}] has unknown key(s) {unknown}; valid keys: "
+                f"{list(SAMPLING_KEYS)}."
+            )
+        fields_ = {key: getattr(self, key) for key in SAMPLING_KEYS} | overrides
+        try:
+            return SamplingConfig(**fields_)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"agent_sampling[{agent}]={overrides!r}: {exc}") from None
+
+    @property
+    def items_per_step(self) -> int:
+        """Task items per optimizer step."""
+        return self.train_batch_size or self.rollout_buffer_size
