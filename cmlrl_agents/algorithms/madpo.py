@@ -15,12 +15,11 @@ trained, and at the end; a resumed round reads its pairs back from the run folde
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
-from datasets import Dataset, IterableDataset
 from transformers import set_seed
 
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
@@ -33,8 +32,8 @@ from cmlrl_agents.algorithms.preference_trainer import (
 )
 from cmlrl_agents.runs.logging import ProgressBar
 from cmlrl_agents.runs.plotting import plot_metrics
+from cmlrl_agents.runs.trainer_keywords import TeamKeywords, check_team_keywords
 from cmlrl_agents.runs.trainer_runs import resume_target, train_kwargs_error
-from cmlrl_env import CoMLRLEnv
 
 __all__ = ["MADPOTrainer"]
 
@@ -52,44 +51,28 @@ class MADPOTrainer(PreferenceTrainer):
     def __init__(
         self,
         agent_model: Any = None,
-        agents: Sequence[Any] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: Mapping[str, Any] | None = None,
-        train_dataset: Dataset | IterableDataset | None = None,
-        eval_dataset: Dataset | IterableDataset | None = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Any = None,
-        wandb_config: Mapping[str, Any] | None = None,
         args: MADPOConfig | None = None,
-        env: CoMLRLEnv | None = None,
         *,
         preference_func: Callable[..., Any] | None = None,
         comparator: Callable[..., Any] | None = None,
         pairs_file: str | Path | None = None,
+        **team: Unpack[TeamKeywords],
     ) -> None:
         args = MADPOConfig() if args is None else args
         if not isinstance(args, MADPOConfig):
             raise TypeError(f"args must be a MADPOConfig, got {type(args).__name__}.")
-        task_reward = reward_func if env is None else env.spec.reward_func
-        check_sources(task_reward, preference_func, comparator, pairs_file, eval_dataset)
-        needs_env = env is None and train_dataset is not None and reward_func is None
-        super().__init__(
-            args=args,
-            agent_model=agent_model,
-            agents=agents,
-            num_agents=num_agents,
-            tokenizer=tokenizer,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_func=no_task_reward if needs_env else reward_func,
-            reward_processor=reward_processor,
-            formatters=formatters,
-            env=env,
-            wandb_config=wandb_config,
+        # One turn (MADPOConfig) and full fine-tuning or given models: no transition, and
+        # adapter agents are not wired into the DPO learner yet.
+        check_team_keywords(team, "MADPOTrainer", refused=("external_transition", "peft_config"))
+        env, reward_func = team.get("env"), team.get("reward_func")
+        spec = team.get("task") if env is None else env.spec
+        task_reward = reward_func if spec is None else spec.reward_func
+        check_sources(
+            task_reward, preference_func, comparator, pairs_file, team.get("eval_dataset")
         )
+        if spec is None and team.get("train_dataset") is not None and reward_func is None:
+            team = {**team, "reward_func": no_task_reward}  # the env is built; pairs need none
+        super().__init__(args=args, agent_model=agent_model, **team)
         self.setup_preferences(
             has_task_reward=task_reward is not None,
             preference_func=preference_func,

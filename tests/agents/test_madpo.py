@@ -210,3 +210,9 @@ def test_eval_without_a_task_reward_and_config_errors(tmp_path):
     with pytest.raises(ValueError, match="dpo_beta must be > 0"):
         MADPOConfig(dpo_beta=0)
     assert MADPOIterConfig is MADPOConfig
+
+
+def test_keywords_madpo_does_not_take_are_refused_by_name():
+    for keyword in ("external_transition", "peft_config", "formatter"):
+        with pytest.raises(TypeError, match=keyword):
+            MADPOTrainer(agents=[tiny_agent(seed=0)], **{keyword: object()})
