@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# The run file's plan (sections checked, trainer built) lives in cli_plan.py; re-exported here.
+# The run file's plan (sections checked, trainer built) lives in cli/plan.py; re-exported here.
 from cmlrl_agents.cli.plan import (
     ALGORITHMS,
     BUILTIN_MODELS,

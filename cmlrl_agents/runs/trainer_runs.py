@@ -81,7 +81,7 @@ class RunMixin:
     env_step: int
 
     def _identity(self) -> dict[str, Any]:
-        """What a checkpoint must share with this trainer to be resumed (see runs.py)."""
+        """What a checkpoint must share with this trainer to be resumed (see run_dirs.py)."""
         config = self.args.to_dict()
         data = None if self.env is None else self.env.spec.dataset
         return {
