@@ -101,7 +101,7 @@ class TeamTrainer(RunMixin):
             devices=devices,
             peft_config=team.get("peft_config"),
         )
-        self.model_names = [model_name(agent_model or spec) for spec in self.agents]
+        self.model_names = [model_name(agent_model or agent) for agent in self.agents]
         self.eval_dataset = eval_dataset
         self.generation_backend: GenerationBackend = make_backend(args.generation_backend)
         """Any ``GenerationBackend``; ``sync(agents)`` runs after every update."""
