@@ -1,0 +1,1 @@
+"""The training loop, rollouts, evaluation, metrics, logging, checkpoints and plots."""
