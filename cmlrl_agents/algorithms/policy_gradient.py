@@ -188,7 +188,7 @@ class PolicyGradientLearner:
             for agent_rows in rows
         ]
         counts = [int(self.parallel.sum(len(agent_rows))) for agent_rows in rows]
-        size = args.forward_batch_size or len(flat)
+        size = args.forward_batch_size or max(len(flat), 1)  # a rank may have no rows
         loss_sums, kls = [0.0] * len(group), [defaultdict(list) for _ in group]
         for start in range(0, len(flat), size):
             chunk = flat[start : start + size]
