@@ -1,4 +1,5 @@
-"""Reading checkpoints back: verify every file, then restore (see :mod:`cmlrl_agents.runs.checkpoint`).
+"""Reading checkpoints back: verify every file, then restore (see
+:mod:`cmlrl_agents.runs.checkpoint`).
 
 Nothing is changed until the whole folder has been checked: SHA-256 of each file against the
 manifest, tensor names and shapes against the model, optimizer groups against the optimizer.

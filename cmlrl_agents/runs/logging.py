@@ -74,7 +74,8 @@ class MetricsLogger:
     entry with `env_step`), `metrics.csv` (columns = union of keys seen so far),
     `eval-metrics.json` (latest evaluation) and `tensorboard/` (when tensorboard is installed);
     the metric files and TensorBoard are written by stable-baselines3's logger
-    (`cmlrl_agents.runs.metric_files`), whose `record_mean` also averages the entries of an emission.
+    (`cmlrl_agents.runs.metric_files`), whose `record_mean` also averages the entries of an
+    emission.
 
     Resuming: construct as usual, then `load_state_dict(saved)` before logging. The metric files
     are rewritten from the restored history, so entries logged after that checkpoint (which the

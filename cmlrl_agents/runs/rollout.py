@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from cmlrl_agents.policies.generation import GenerationBackend, GenerationRequest, HFGenerate
-from cmlrl_agents.policies.agent import Completion, SamplingConfig
 from cmlrl_agents.functional.returns import cross_credit, tree_returns
+from cmlrl_agents.policies.agent import Completion, SamplingConfig
+from cmlrl_agents.policies.generation import GenerationBackend, GenerationRequest, HFGenerate
 from cmlrl_env.core import EpisodeState, Outcome
 
 __all__ = ["GroupStepEnv", "Policy", "Level", "RolloutTree", "collect_tree", "joint_indices"]
@@ -158,8 +158,9 @@ def collect_tree(
     ``num_generations`` per branch, through its public group step only.
 
     ``sampling`` is one setting for every agent or one per agent; ``backend`` answers each
-    level's requests (default :class:`~cmlrl_agents.policies.generation.HFGenerate`: one ``generate``
-    call per agent, or one for all adapter agents of a shared base with equal settings)."""
+    level's requests (default :class:`~cmlrl_agents.policies.generation.HFGenerate`: one
+    ``generate`` call per agent, or one for all adapter agents of a shared base with equal
+    settings)."""
     states = [env.initial_state(item, index) for item, index in items]
     num_agents = len(states[0].prompts) if states else len(agents)
     if len(agents) != num_agents:

@@ -3,8 +3,8 @@
 The trainer is the loop: collect a round's rollouts (``_train_round``), hand them to its
 ``learner`` (an object with a public ``update(batch) -> metrics`` that holds the optimizers and
 reference models, see :mod:`cmlrl_agents.algorithms.policy_gradient` and
-:mod:`cmlrl_agents.algorithms.actor_critic_learner`), log, evaluate and checkpoint. The schedule counted in
-task items, the evaluation of SPEC §5 and checkpoints live here once.
+:mod:`cmlrl_agents.algorithms.actor_critic_learner`), log, evaluate and checkpoint. The schedule
+counted in task items, the evaluation of SPEC §5 and checkpoints live here once.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from datasets import Dataset, IterableDataset
 from transformers import set_seed
 
 from cmlrl_agents._checks import check_eval_dataset
-from cmlrl_agents.runs.config import SharedConfig
+from cmlrl_agents.algorithms.schedules import round_sizes
+from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.build import build_agents, resolve_num_agents
 from cmlrl_agents.policies.devices import resolve_devices
+from cmlrl_agents.policies.generation import GenerationBackend, make_backend
+from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_agents.runs.distributed import data_parallel, refuse_data_parallel
 from cmlrl_agents.runs.evaluation import mean_eval_metrics
-from cmlrl_agents.policies.generation import GenerationBackend, make_backend
 from cmlrl_agents.runs.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.runs.metrics import reward_postfix
 from cmlrl_agents.runs.plotting import plot_metrics
-from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs.run_dirs import default_run_dir, foreign_checkpoints, model_name, new_run_id
-from cmlrl_agents.algorithms.schedules import round_sizes
-from cmlrl_agents.policies.build import build_agents, resolve_num_agents
 from cmlrl_agents.runs.trainer_checks import (
     check_agent_sampling,
     check_given_task,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_agents.policies.devices import resolve_devices
+from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_env import TaskSpec
 
 __all__ = ["check_agent_sampling", "check_given_task", "check_reference_devices"]

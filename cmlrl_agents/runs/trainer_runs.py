@@ -1,7 +1,7 @@
 """The trainer's side of runs: saving models and checkpoints, resuming, owning the run folder.
 
-Mixed into :class:`cmlrl_agents.runs.trainer.TeamTrainer`; see :mod:`cmlrl_agents.runs.run_dirs` for the
-rules (one run per folder, identity checked before any weight is loaded) and
+Mixed into :class:`cmlrl_agents.runs.trainer.TeamTrainer`; see :mod:`cmlrl_agents.runs.run_dirs` for
+the rules (one run per folder, identity checked before any weight is loaded) and
 :mod:`cmlrl_agents.runs.checkpoint` for the files.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.runs.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_agents.runs.distributed import data_parallel
 from cmlrl_agents.runs.logging import MetricsLogger
-from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.runs.run_dirs import (
     check_identity,
     clear_checkpoints,
