@@ -14,11 +14,13 @@ seconds and counts are the figures to compare; run the two trees side by side on
 from __future__ import annotations
 
 import atexit
+import importlib
 import runpy
 import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,19 +81,32 @@ def install() -> None:
     wrap(torch.Tensor, "backward", "backward")
     wrap(torch.optim.AdamW, "step", "AdamW.step")
     wrap(GenerationMixin, "generate", "generate")
-    import cmlrl_agents.algorithms.magrpo as magrpo
-    import cmlrl_agents.runs.logging as logging_module
-    import cmlrl_agents.runs.trainer as trainer_base
-
+    magrpo = tree_module("algorithms.magrpo", "magrpo")
+    trainer_base = tree_module("runs.trainer", "trainer_base")
     wrap(trainer_base.TeamTrainer, "evaluate_items", "TeamTrainer.evaluate_items")
     wrap(magrpo.MAGRPOTrainer, "_train_batch", "MAGRPOTrainer round")  # trees before 10b
     wrap(magrpo.MAGRPOTrainer, "_train_round", "MAGRPOTrainer round")
+    logging_module = tree_module("runs.logging", "logging")
     wrap(logging_module.MetricsLogger, "log_train", "MetricsLogger.log_train")
     try:
-        from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
+        learners = tree_module("algorithms.policy_gradient", "policy_gradient")
     except ImportError:  # a tree from before the learners
         return
-    wrap(PolicyGradientLearner, "update", "PolicyGradientLearner.update")
+    wrap(learners.PolicyGradientLearner, "update", "PolicyGradientLearner.update")
+
+
+def tree_module(path: str, flat: str) -> Any:
+    """``cmlrl_agents.<path>``, or ``cmlrl_agents.<flat>`` in a tree from before the
+    sub-packages, so that one copy of this script profiles old and new trees alike."""
+    import cmlrl_agents
+
+    # Looked up in the tree's own folder: an editable install elsewhere could otherwise serve a
+    # sub-package of another tree.
+    root = Path(cmlrl_agents.__file__).parent
+    name = path if (root / f"{path.replace('.', '/')}.py").is_file() else flat
+    if not (root / f"{name.replace('.', '/')}.py").is_file():
+        raise ImportError(f"{root} has neither {path} nor {flat}")
+    return importlib.import_module(f"cmlrl_agents.{name}")
 
 
 def report(start_wall: float, start_cpu: float) -> None:
