@@ -4,7 +4,8 @@ Each round: (1) pairs from the current policy (or, in round 0, a ``pairs_file``)
 :mod:`cmlrl_agents.algorithms.preference_trainer`; (2) ``num_train_epochs`` shuffled passes of DPO
 steps (``pair_batch_size`` pairs each, :class:`~cmlrl_agents.algorithms.preference_dpo.DPOLearner`)
 over them and the last ``replay_iterations`` rounds' pairs. The reference is the initial policy,
-frozen.
+frozen: a copy of each agent's weights, or with ``peft_config=LoraConfig(...)`` (one LoRA
+adapter per agent over one base held once) the base with its adapters disabled.
 
 Schedule: with ``eval_interval > 0`` an evaluation (task reward) runs before every
 ``eval_interval``-th round's pair building, round 0 included, and after the last round.
@@ -25,14 +26,11 @@ from transformers import set_seed
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PreparedPairs
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
-from cmlrl_agents.algorithms.preference_trainer import (
-    PreferenceTrainer,
-    check_sources,
-    no_task_reward,
-)
+from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
+from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.runs.logging import ProgressBar
 from cmlrl_agents.runs.plotting import plot_metrics
-from cmlrl_agents.runs.trainer_keywords import TeamKeywords, check_team_keywords
+from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 from cmlrl_agents.runs.trainer_runs import resume_target, train_kwargs_error
 
 __all__ = ["MADPOTrainer"]
@@ -43,7 +41,8 @@ class MADPOTrainer(PreferenceTrainer):
 
     The task as for MAGRPO (``train_dataset``, ``formatters``, ``reward_func``, or ``env=``);
     pairs labelled by the task reward unless ``preference_func`` or ``comparator`` is given;
-    ``pairs_file`` (JSON lines) gives round 0's pairs, e.g. human labels.
+    ``pairs_file`` (JSON lines) gives round 0's pairs, e.g. human labels. The team as for every
+    trainer (``agent_model=`` or ``agents=``, ``peft_config=`` for adapter agents).
     """
 
     algorithm = "madpo"
@@ -61,20 +60,16 @@ class MADPOTrainer(PreferenceTrainer):
         args = MADPOConfig() if args is None else args
         if not isinstance(args, MADPOConfig):
             raise TypeError(f"args must be a MADPOConfig, got {type(args).__name__}.")
-        # One turn (MADPOConfig) and full fine-tuning or given models: no transition, and
-        # adapter agents are not wired into the DPO learner yet.
-        check_team_keywords(team, "MADPOTrainer", refused=("external_transition", "peft_config"))
-        env, reward_func = team.get("env"), team.get("reward_func")
-        spec = team.get("task") if env is None else env.spec
-        task_reward = reward_func if spec is None else spec.reward_func
-        check_sources(
-            task_reward, preference_func, comparator, pairs_file, team.get("eval_dataset")
+        checked, has_task_reward = preference_team(
+            team,
+            "MADPOTrainer",
+            preference_func=preference_func,
+            comparator=comparator,
+            pairs_file=pairs_file,
         )
-        if spec is None and team.get("train_dataset") is not None and reward_func is None:
-            team = {**team, "reward_func": no_task_reward}  # the env is built; pairs need none
-        super().__init__(args=args, agent_model=agent_model, **team)
+        super().__init__(args=args, agent_model=agent_model, **checked)
         self.setup_preferences(
-            has_task_reward=task_reward is not None,
+            has_task_reward=has_task_reward,
             preference_func=preference_func,
             comparator=comparator,
             pairs_file=pairs_file,
@@ -82,8 +77,9 @@ class MADPOTrainer(PreferenceTrainer):
         self.learner = DPOLearner(self.agents, args)
 
     @property
-    def reference_models(self) -> list[torch.nn.Module]:
-        """The frozen reference policy (the agents' initial weights)."""
+    def reference_models(self) -> list[Reference]:
+        """The frozen reference policy: per agent a copy of its initial weights, or for an
+        adapter agent its base with adapters disabled (one object per shared base)."""
         return self.learner.reference_models
 
     def train(

@@ -6,6 +6,15 @@ agents of ``(log pi_a - log pi_ref_a)(chosen_a) - (...)(rejected_a)``. One backw
 joint loss gives every agent its gradient; each agent's optimizer then steps. The reference
 log-probs of a round's pairs are computed once (:meth:`DPOLearner.prepare`), since the
 reference never changes.
+
+Adapter agents (``peft_config``): each optimizer holds its adapter alone and the reference is
+the shared base with its adapters disabled (``reference.BaseWithoutAdapters``, no copy). The
+agents of one base without active dropout score in ONE mixed-adapter pass (peft's per-row
+``adapter_names``, as :meth:`PolicyGradientLearner.step_joint` does); the others agent by agent
+with their adapter active. peft's ``set_adapter`` (and leaving ``disable_adapter()``) freezes
+every adapter but the active one, and autograd drops the gradient of a parameter that no longer
+requires it at backward time, so every adapter agent's parameters are set trainable again
+before its pass and before the backward of the joint loss.
 """
 
 from __future__ import annotations
@@ -21,10 +30,11 @@ from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers
 from cmlrl_agents.functional.preference_losses import dpo_loss, dpo_margin_stats, joint_log_ratio
+from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
-from cmlrl_agents.policies.reference import reference_logprobs, reference_policies
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.reference import Reference, reference_logprobs, reference_policies
+from cmlrl_agents.policies.tokens import build_batch
 
 __all__ = ["DPOLearner", "PreparedPairs", "pair_tokens"]
 
@@ -64,21 +74,18 @@ class PreparedPairs:
 
 
 class DPOLearner:
-    """Per agent: an AdamW optimizer and a frozen reference copy of its initial weights."""
+    """Per agent: an AdamW optimizer (of its adapter, for an adapter agent) and its frozen
+    reference: a copy of its initial weights, or its base with adapters disabled."""
 
     def __init__(self, agents: Sequence[LLMAgent], args: MADPOConfig) -> None:
         self.agents = list(agents)
         self.args = args
         self.optimizers: list[torch.optim.Optimizer] = [
-            make_adamw(
-                (p for p in agent.model.parameters() if p.requires_grad),
-                args.agent_learning_rate,
-                f"agents[{i}]",
-            )
+            make_adamw(agent.trainable_parameters(), args.agent_learning_rate, f"agents[{i}]")
             for i, agent in enumerate(self.agents)
         ]
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
-        self.reference_models = reference_policies(self.agents, devices)
+        self.reference_models: list[Reference] = reference_policies(self.agents, devices)
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
 
     def schedule(self, rounds: object = None) -> None:
@@ -90,9 +97,44 @@ class DPOLearner:
             optimizers, self.args.lr_scheduler_type, self.args.warmup_steps, None
         )
 
-    def _logps(self, model: torch.nn.Module, agent: LLMAgent, prompts: Rows, rows: Rows) -> Tensor:
-        batch = build_batch(prompts, rows, agent.pad_token_id).to(agent.device)
-        return sequence_logprobs(model, batch).sum(dim=1)
+    def _unfreeze(self, agents: Sequence[int]) -> None:
+        for a in agents:
+            if self.agents[a].adapter is not None:
+                for p in self.agents[a].trainable_parameters():
+                    p.requires_grad_(True)
+
+    def policy_logprobs(self, data: PreparedPairs, chunk: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """``[A, n]`` sequence log-probs of the chunk's chosen and rejected responses under the
+        current policy, with gradients, on the CPU (the joint sum needs every agent's values on
+        one device): mixed-adapter passes for the adapters of a shared base, else one pass per
+        agent of its chosen and rejected rows."""
+        n, joint = len(chunk), joint_groups(self.agents)
+        out: list[Tensor] = [torch.empty(0)] * len(self.agents)
+        for group in [*joint, *([a] for a in self._single_agents(joint))]:
+            lead = self.agents[group[0]]
+            prompts, rows = [], []
+            for a in group:
+                mine = [data.prompts[a][i] for i in chunk]
+                prompts += mine + mine
+                rows += [data.chosen[a][i] for i in chunk] + [data.rejected[a][i] for i in chunk]
+            batch = build_batch(prompts, rows, lead.pad_token_id).to(lead.device)
+            if len(group) == 1:
+                both = lead.score(batch).sum(dim=1).cpu()
+            else:
+                self._unfreeze(group)  # the pass trains every adapter in it, not the active one
+                names = [self.agents[a].adapter for a in group for _ in range(2 * n)]
+                both = lead.score(batch, adapter_names=names).sum(dim=1).cpu()
+            for k, a in enumerate(group):
+                out[a] = both[2 * n * k : 2 * n * (k + 1)]
+        # Activating one adapter froze the others of its base; their graphs are recorded, and
+        # the backward must find them trainable to give them their gradients.
+        self._unfreeze(range(len(self.agents)))
+        scores = torch.stack(out)
+        return scores[:, :n], scores[:, n:]
+
+    def _single_agents(self, joint: list[list[int]]) -> list[int]:
+        grouped = {a for group in joint for a in group}
+        return [a for a in range(len(self.agents)) if a not in grouped]
 
     def prepare(self, pairs: list[PreferencePair]) -> PreparedPairs:
         """Tokenize the pairs and score them once under the reference models."""
@@ -109,7 +151,7 @@ class DPOLearner:
                 for rows, out in ((chosen[a], parts_c), (rejected[a], parts_r)):
                     batch = build_batch(
                         prompts[a][s : s + size], rows[s : s + size], agent.pad_token_id
-                    )
+                    ).to(agent.device)
                     out.append(reference_logprobs(ref, batch).sum(dim=1).cpu())
             ref_c.append(torch.cat(parts_c))
             ref_r.append(torch.cat(parts_r))
@@ -128,19 +170,9 @@ class DPOLearner:
         loss_sum, chosen_all, rejected_all = 0.0, [], []
         for s in range(0, len(indices), size):
             chunk = list(indices[s : s + size])
-            pol_c, pol_r = [], []
-            for a, agent in enumerate(self.agents):
-                prompts = [data.prompts[a][i] for i in chunk]
-                both = self._logps(
-                    agent.model,
-                    agent,
-                    prompts + prompts,
-                    [data.chosen[a][i] for i in chunk] + [data.rejected[a][i] for i in chunk],
-                ).cpu()  # the joint sum needs every agent's values on one device
-                pol_c.append(both[: len(chunk)])
-                pol_r.append(both[len(chunk) :])
-            chosen = joint_log_ratio(torch.stack(pol_c), data.ref_chosen[:, chunk])
-            rejected = joint_log_ratio(torch.stack(pol_r), data.ref_rejected[:, chunk])
+            pol_c, pol_r = self.policy_logprobs(data, chunk)
+            chosen = joint_log_ratio(pol_c, data.ref_chosen[:, chunk])
+            rejected = joint_log_ratio(pol_r, data.ref_rejected[:, chunk])
             loss = dpo_loss(chosen, rejected, args.dpo_beta).sum() / len(indices)
             loss.backward()
             loss_sum += float(loss.detach())
@@ -158,7 +190,7 @@ class DPOLearner:
 
     # -- saving ---------------------------------------------------------------------------------
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, object]]:
-        models = {f"agent_{i}": agent.model for i, agent in enumerate(self.agents)}
+        models = checkpoint_models(self.agents)  # a shared base once, its adapters only
         optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
         return models, optimizers
 

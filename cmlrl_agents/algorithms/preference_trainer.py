@@ -14,7 +14,7 @@ pairs scores none, so it does not advance ``env_step``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ from cmlrl_agents.runs.metrics import turn_key
 from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.runs.run_dirs import dataset_fingerprint
 from cmlrl_agents.runs.trainer import TeamTrainer
+from cmlrl_agents.runs.trainer_keywords import check_team_keywords
 
-__all__ = ["PreferenceTrainer", "no_task_reward"]
+__all__ = ["PreferenceTrainer", "no_task_reward", "preference_team"]
 
 
 def no_task_reward(*completions: list[str]) -> list[float]:
@@ -63,6 +64,29 @@ def check_sources(
             "eval_dataset is given but reward_func is not: evaluation scores the policy with the "
             "task reward. Pass reward_func=..., or drop eval_dataset."
         )
+
+
+def preference_team(
+    team: Mapping[str, Any],
+    trainer: str,
+    *,
+    preference_func: Any,
+    comparator: Any,
+    pairs_file: Any,
+) -> tuple[dict[str, Any], bool]:
+    """The team keywords of a preference trainer checked (single-turn: no
+    ``external_transition``) with its pair sources; without a task reward the env gets
+    :func:`no_task_reward`. Returns the keywords for ``TeamTrainer`` and whether a task reward
+    was given."""
+    check_team_keywords(team, trainer, refused=("external_transition",))
+    env, reward_func = team.get("env"), team.get("reward_func")
+    spec = team.get("task") if env is None else env.spec
+    task_reward = reward_func if spec is None else spec.reward_func
+    check_sources(task_reward, preference_func, comparator, pairs_file, team.get("eval_dataset"))
+    team = dict(team)
+    if spec is None and team.get("train_dataset") is not None and reward_func is None:
+        team["reward_func"] = no_task_reward  # the env is built; pairs need none
+    return team, task_reward is not None
 
 
 class PreferenceTrainer(TeamTrainer):

@@ -213,6 +213,6 @@ def test_eval_without_a_task_reward_and_config_errors(tmp_path):
 
 
 def test_keywords_madpo_does_not_take_are_refused_by_name():
-    for keyword in ("external_transition", "peft_config", "formatter"):
+    for keyword in ("external_transition", "formatter"):
         with pytest.raises(TypeError, match=keyword):
             MADPOTrainer(agents=[tiny_agent(seed=0)], **{keyword: object()})
