@@ -25,7 +25,6 @@ from transformers import set_seed
 
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PreparedPairs
-from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.runs.logging import ProgressBar
@@ -147,11 +146,6 @@ class MADPOTrainer(PreferenceTrainer):
             self.logger.log_now(last, self.env_step)
             self._maybe_checkpoint(len(data.pairs))
         return last
-
-    def replay_pairs(self, k: int) -> list[PreferencePair]:
-        """The pairs of the last ``replay_iterations`` rounds before round ``k``."""
-        start = max(0, k - self.args.replay_iterations)
-        return [pair for j in range(start, k) for pair in self.saved_pairs(j)]
 
     def dpo_epoch(self, data: PreparedPairs) -> dict[str, float]:
         """One shuffled pass of DPO steps over ``data``; the steps' mean metrics (``loss``,

@@ -1,96 +1,69 @@
 """``MARLHFTrainer``: preference pairs → a Bradley-Terry reward model → RL on the learned reward.
 
-Phases of ``train()``:
+Each of ``args.num_iterations`` rounds (1: offline, today's MARLHF) runs three phases:
 
-1. **pairs** from the initial policy (or a ``pairs_file``), labelled by the task reward, a
-   ``preference_func`` or a comparator (:mod:`cmlrl_agents.algorithms.preference_trainer`), written
-   to ``<run_dir>/preference/pairs-000.jsonl``;
-2. **reward model**: :meth:`PreferenceRewardModel.fit` on a seeded split, its held-out pair
-   accuracy logged as ``reward_model/eval_accuracy``; saved to ``<run_dir>/reward_model/``,
-   then frozen;
+1. **pairs** from the current policy (round 0: the initial policy, or a ``pairs_file``),
+   labelled by the task reward, a ``preference_func`` or a comparator
+   (:mod:`cmlrl_agents.algorithms.preference_trainer`), written to
+   ``<run_dir>/preference/pairs-<round>.jsonl``;
+2. **reward model**: :meth:`PreferenceRewardModel.fit` continues from the previous round's
+   weights on the round's pairs (a seeded split; the held-out part measures
+   ``reward_model/eval_accuracy`` on pairs of the current policy) plus the training part of the
+   last ``replay_iterations`` rounds' pairs; saved to ``<run_dir>/reward_model/``, then frozen;
 3. **RL**: the ``rl_algorithm`` trainer (``trainer.rl_trainer``: MAGRPO family, IAC or MAAC,
-   sharing this trainer's agents) trains on the learned reward with ``rl_args``, logging and
-   checkpointing into ``<run_dir>/rl/``. Its evaluations, and :meth:`MARLHFTrainer.evaluate`,
-   always score with the task reward when one is given.
+   sharing this trainer's agents, adapters included) trains ``rl_args.num_train_epochs`` epochs
+   on the learned reward, logging and checkpointing into ``<run_dir>/rl/``. Its evaluations,
+   and :meth:`MARLHFTrainer.evaluate`, always score with the task reward when one is given.
 
-``train(resume_from_checkpoint=...)`` resumes phase by phase: saved pairs and a saved reward
-model are read back, and the RL phase resumes from its checkpoints (``rl_args.save_steps``).
+``train(resume_from_checkpoint=...)`` continues from the RL phase's checkpoint
+(``rl_args.save_steps > 0``): inside a round's RL phase it resumes there; at a round's end it
+takes those weights to the next round, whose saved pairs and reward model are read back. The
+RL phase's seed is ``seed + round``, and the reward model's fit is seeded likewise, so a
+resumed run trains the same weights as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
-from datasets import Dataset, IterableDataset
 from transformers import set_seed
 
-from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer
-from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
-from cmlrl_agents.algorithms.magrpo import (
-    MAGRPOTrainer,
-    MAREINFORCETrainer,
-    MAReMaxTrainer,
-    MARLOOTrainer,
-)
-from cmlrl_agents.algorithms.magrpo_config import (
-    MAGRPOConfig,
-    MAREINFORCEConfig,
-    MAReMaxConfig,
-    MARLOOConfig,
+from cmlrl_agents.algorithms.marlhf_rl import (
+    RL_TRAINERS,
+    check_rl_options,
+    refuse_rl_options,
+    rl_config,
 )
 from cmlrl_agents.algorithms.preference_config import MARLHFConfig
-from cmlrl_agents.algorithms.preference_trainer import (
-    PreferenceTrainer,
-    check_sources,
-    no_task_reward,
-)
+from cmlrl_agents.algorithms.preference_pairs import PreferencePair
+from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
-from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint
+from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
 from cmlrl_agents.runs.trainer import TeamTrainer
+from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 from cmlrl_agents.runs.trainer_runs import resume_target, train_kwargs_error
-from cmlrl_env import CoMLRLEnv, TaskSpec
 
 __all__ = ["MARLHFTrainer", "RL_TRAINERS"]
 
 
-RL_TRAINERS: dict[str, tuple[type[TeamTrainer], type]] = {
-    "magrpo": (MAGRPOTrainer, MAGRPOConfig),
-    "mareinforce": (MAREINFORCETrainer, MAREINFORCEConfig),
-    "maremax": (MAReMaxTrainer, MAReMaxConfig),
-    "marloo": (MARLOOTrainer, MARLOOConfig),
-    "iac": (IACTrainer, IACConfig),
-    "maac": (MAACTrainer, MAACConfig),
-}
-"""The RL phase's trainer and config class by ``rl_algorithm``."""
-
-
-def _rl_args(args: MARLHFConfig, run_dir: Path) -> Any:
-    trainer_class, config_class = RL_TRAINERS[args.rl_algorithm]
-    rl = config_class() if args.rl_args is None else copy.deepcopy(args.rl_args)
-    if type(rl) is not config_class:
-        raise TypeError(
-            f"rl_algorithm={args.rl_algorithm!r} needs rl_args to be a {config_class.__name__}, "
-            f"got {type(rl).__name__}; set rl_algorithm to match, or pass "
-            f"{config_class.__name__}(...)."
-        )
-    if rl.output_dir is None:
-        rl.output_dir = str(run_dir / "rl")
-    if rl.seed is None:
-        rl.seed = args.seed
-    return rl
+def _round_seed(seed: int | None, round_index: int) -> int | None:
+    return None if seed is None else seed + round_index
 
 
 class MARLHFTrainer(PreferenceTrainer):
     """Reward model from preferences, then RL on it (SPEC §4–§5); see the module docstring.
 
-    ``reward_model``: a :class:`PreferenceRewardModel`, or a hub id / folder loaded as one on
-    ``args.reward_model_device``; None loads ``agent_model`` (a str) with a new score head.
-    ``critic_model`` / ``critics`` / ``metrics_callback`` go to an IAC or MAAC RL phase.
+    The team and task as for every trainer (``**team``: ``agent_model=`` or ``agents=``,
+    ``peft_config=`` for adapter agents, ``train_dataset``, ``formatters``, ``reward_func``,
+    ... or ``task=`` / ``env=``). ``reward_model``: a :class:`PreferenceRewardModel`, or a hub
+    id / folder loaded as one on ``args.reward_model_device``; None loads ``agent_model`` (a
+    str) with a new score head: always a model of its own, never the agents' base.
+    ``rl_options``: the RL trainer's own keyword arguments, e.g. ``{"critic_model": ...}``
+    for IAC/MAAC or ``{"eval_logger": ..., "eval_aggregator": ...}`` for the MAGRPO family.
     """
 
     algorithm = "marlhf"
@@ -98,54 +71,48 @@ class MARLHFTrainer(PreferenceTrainer):
     def __init__(
         self,
         agent_model: Any = None,
-        agents: Sequence[Any] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: Mapping[str, Any] | None = None,
-        train_dataset: Dataset | IterableDataset | None = None,
-        eval_dataset: Dataset | IterableDataset | None = None,
-        reward_func: Callable[..., Any] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Any = None,
-        wandb_config: Mapping[str, Any] | None = None,
         args: MARLHFConfig | None = None,
         *,
-        reward_model: PreferenceRewardModel | str | None = None,
+        reward_model: PreferenceRewardModel | str | Path | None = None,
         preference_func: Callable[..., Any] | None = None,
         comparator: Callable[..., Any] | None = None,
         pairs_file: str | Path | None = None,
-        **rl_kwargs: Any,
+        rl_options: Mapping[str, Any] | None = None,
+        **team: Unpack[TeamKeywords],
     ) -> None:
         args = MARLHFConfig() if args is None else args
         if not isinstance(args, MARLHFConfig):
             raise TypeError(f"args must be a MARLHFConfig, got {type(args).__name__}.")
-        check_sources(reward_func, preference_func, comparator, pairs_file, eval_dataset)
-        if train_dataset is None:
-            raise ValueError("MARLHFTrainer needs train_dataset: its RL phase trains on it.")
-        super().__init__(
-            args=args,
-            agent_model=agent_model,
-            agents=agents,
-            num_agents=num_agents,
-            tokenizer=tokenizer,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_func=no_task_reward if reward_func is None else reward_func,
-            reward_processor=reward_processor,
-            formatters=formatters,
-            wandb_config=wandb_config,
+        refuse_rl_options(team)
+        options = check_rl_options(rl_options, args.rl_algorithm)
+        checked, has_task_reward = preference_team(
+            team,
+            "MARLHFTrainer",
+            preference_func=preference_func,
+            comparator=comparator,
+            pairs_file=pairs_file,
         )
+        env = team.get("env")
+        spec = team.get("task") if env is None else env.spec
+        if (team.get("train_dataset") if spec is None else spec.dataset) is None:
+            raise ValueError(
+                "MARLHFTrainer needs train_dataset (or a task/env with one): its RL phase "
+                "trains on it."
+            )
+        super().__init__(args=args, agent_model=agent_model, **checked)
         self.setup_preferences(
-            has_task_reward=reward_func is not None,
+            has_task_reward=has_task_reward,
             preference_func=preference_func,
             comparator=comparator,
             pairs_file=pairs_file,
         )
         self.reward_model = self._reward_model(reward_model, agent_model)
-        self.rl_trainer = self._rl_trainer(
-            train_dataset, eval_dataset, formatters, reward_func, reward_processor, rl_kwargs
-        )
+        self.reward_metrics: dict[str, float] = {}
+        """The last fitted round's reward-model metrics (held-out accuracy, ...)."""
+        self.rl_trainer = self._rl_trainer(options)
+        self.rl_epochs = self.rl_trainer.args.num_train_epochs
+        """RL epochs per round (``rl_args.num_train_epochs``)."""
+        self.rl_seed = self.rl_trainer.args.seed
 
     def _reward_model(self, given: Any, agent_model: Any) -> PreferenceRewardModel:
         if isinstance(given, PreferenceRewardModel):
@@ -160,99 +127,168 @@ class MARLHFTrainer(PreferenceTrainer):
             source, device=self.args.reward_model_device, max_length=self.args.reward_max_length
         )
 
-    def _rl_trainer(
-        self, train: Any, evaluation: Any, formatters: Any, reward: Any, processor: Any, kw: Any
-    ) -> TeamTrainer:
-        args = self.args
-        rl_args = _rl_args(args, self.run_dir)
-        trainer_class = RL_TRAINERS[args.rl_algorithm][0]
-        trainer = trainer_class(
-            agents=self.agents,
-            num_agents=self.num_agents,
-            train_dataset=train,
-            eval_dataset=evaluation,
+    def _rl_trainer(self, options: dict[str, Any]) -> TeamTrainer:
+        """The RL trainer over this trainer's agents and training task, rewarded by the reward
+        model; its evaluation env is this trainer's (the task reward, early termination off)."""
+        assert self.spec is not None, "__init__ checked for a train_dataset"
+        rl_args = rl_config(self.args, self.run_dir)
+        task = self.spec.replace(
             reward_func=self.reward_model,
-            formatters=formatters,
-            args=rl_args,
-            **kw,
+            reward_processor=None,  # the processor shapes the task reward, not the learned one
+            early_termination_threshold=rl_args.early_termination_threshold,
         )
-        if reward is not None and evaluation is not None:
-            # The RL trainer learns on the reward model; its evaluation scores with the task
-            # reward, early termination off as every trainer's evaluation env.
-            spec = TaskSpec(
-                evaluation,
-                formatters,
-                reward,
-                reward_processor=processor,
-                num_agents=self.num_agents,
-                num_turns=rl_args.num_turns,
-            )
-            trainer.eval_env = CoMLRLEnv.from_spec(spec)
+        trainer = RL_TRAINERS[self.args.rl_algorithm][0](
+            agents=self.agents,
+            task=task,
+            eval_dataset=self.eval_dataset,
+            args=rl_args,
+            **options,
+        )
+        if self.has_task_reward and self.eval_env is not None:
+            trainer.eval_env = self.eval_env
         return trainer
 
-    # -- the phases -------------------------------------------------------------------------------
+    # -- the rounds -------------------------------------------------------------------------------
     @property
     def reward_model_dir(self) -> Path:
         return self.run_dir / "reward_model"
 
+    def round_record(self, round_index: int) -> Path:
+        """Written once a round's pairs are saved: the ``env_step`` after building them."""
+        return self.run_dir / "preference" / f"round-{round_index:03d}.json"
+
     def train(
         self, resume_from_checkpoint: str | Path | bool | None = None, **unsupported: Any
     ) -> dict[str, float]:
-        """Pairs, reward model, RL (each phase read back when resuming); returns the RL phase's
-        last training metrics."""
+        """``num_iterations`` rounds of pairs, reward model and RL (a resumed run reads the
+        finished phases back); returns the last RL phase's last training metrics."""
         if unsupported:
             raise train_kwargs_error(unsupported)
         resume = resume_target(resume_from_checkpoint)
         if self.args.seed is not None:
             set_seed(self.args.seed)
         self.logger.write_config()
-        done = resume is not None and self.pairs_path(0).is_file()
-        pairs = self.saved_pairs(0) if done else self.round_pairs(0)
-        if resume is not None and (self.reward_model_dir / "metrics.json").is_file():
-            self._load_reward_model()
-        else:
-            self.fit_reward_model(pairs)
-        self.reward_model.freeze()
-        rl = self.rl_trainer
-        rl_resume = resume
-        if resume == "latest" and latest_checkpoint(rl.checkpoint_root) is None:
-            rl_resume = None  # stopped before the RL phase saved anything: it starts fresh
-        if rl_resume is None:
-            rl.env_step = self.env_step  # one env_step axis across the phases
-        last = rl.train(resume_from_checkpoint=rl_resume)
-        self.env_step = rl.env_step
+        start, rl_resume = (0, None) if resume is None else self._restore(resume)
+        last: dict[str, float] = {}
+        for k in range(start, self.args.num_iterations):
+            resumed = resume is not None and k == start
+            last = self._round(k, resumed=resumed, rl_resume=rl_resume if resumed else None)
         if self.args.eval_interval:
             self.evaluate()
         self.logger.flush()
         return last
 
-    def fit_reward_model(self, pairs: list[Any]) -> dict[str, float]:
-        """Phase 2: Bradley-Terry on a seeded split; logs and saves the model and metrics."""
+    def _round(self, k: int, *, resumed: bool, rl_resume: Path | None) -> dict[str, float]:
+        rl = self.rl_trainer
+        if rl_resume is None:  # a round from its start, or a resume before its RL phase
+            if resumed and self.round_record(k).is_file():
+                pairs = self.saved_pairs(k)
+                self.env_step = json.loads(self.round_record(k).read_text())["env_step"]
+            else:
+                pairs = self.round_pairs(k)
+                self.round_record(k).write_text(json.dumps({"env_step": self.env_step}) + "\n")
+            if not (resumed and self._saved_reward_round() == k):
+                self.fit_reward_model(pairs, k)
+            rl.env_step = self.env_step  # one env_step axis across the phases
+        self.reward_model.freeze()
+        rl.args.num_train_epochs = (k + 1) * self.rl_epochs  # the RL trainer counts on
+        rl.args.seed = _round_seed(self.rl_seed, k)
+        last = rl.train(resume_from_checkpoint=rl_resume)
+        self.env_step = rl.env_step
+        return last
+
+    def fit_reward_model(
+        self, pairs: list[PreferencePair], round_index: int = 0
+    ) -> dict[str, float]:
+        """Phase 2 of round ``round_index``: Bradley-Terry on a seeded split of ``pairs`` plus
+        the training part of the replayed rounds' pairs, continuing from the current weights;
+        logs and saves the model and metrics."""
         args = self.args
-        train, held = split_pairs(pairs, args.reward_eval_fraction, args.seed)
-        metrics = self.reward_model.fit(
-            train,
+        train, held = split_pairs(
+            pairs, args.reward_eval_fraction, _round_seed(args.seed, round_index)
+        )
+        replay = [
+            pair
+            for j in self.replay_rounds(round_index)
+            for pair in split_pairs(
+                self.saved_pairs(j), args.reward_eval_fraction, _round_seed(args.seed, j)
+            )[0]
+        ]
+        if args.seed is not None:  # dropout draws as in an uninterrupted run
+            set_seed(args.seed + round_index)
+        metrics = self.reward_model.unfreeze().fit(
+            train + replay,
             held,
             learning_rate=args.reward_learning_rate,
             epochs=args.reward_num_train_epochs,
             batch_size=args.reward_batch_size,
             max_grad_norm=args.max_grad_norm,
-            seed=args.seed,
+            seed=_round_seed(args.seed, round_index),
         )
+        metrics["reward_model/replay_pairs"] = float(len(replay))
         self.logger.log_now(metrics, self.env_step)
         with atomic_dir(self.reward_model_dir) as tmp:
             torch.save(self.reward_model.model.state_dict(), tmp / "model.pt")
             (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            (tmp / "round.json").write_text(json.dumps({"round": round_index}) + "\n")
         self.reward_metrics = metrics
         return metrics
 
-    def _load_reward_model(self) -> None:
+    # -- resuming -------------------------------------------------------------------------------
+    def _saved_reward_round(self) -> int | None:
+        path = self.reward_model_dir / "round.json"
+        return json.loads(path.read_text())["round"] if path.is_file() else None
+
+    def _restore(self, resume: str | Path) -> tuple[int, Path | None]:
+        """Where a resumed run starts: the round, and the RL checkpoint to resume inside that
+        round's RL phase (None: the round starts before it, from the checkpoint's weights)."""
+        rl = self.rl_trainer
+        path = latest_checkpoint(rl.checkpoint_root) if str(resume) == "latest" else Path(resume)
+        start, inside = 0, False
+        if path is None:  # the RL phase saved nothing: round 0, from the initial weights
+            if self.round_record(1).is_file():
+                raise ValueError(
+                    f"{self.run_dir} reached round 1 but {rl.checkpoint_root} holds no "
+                    "checkpoint of the policy after round 0, so the run cannot continue; set "
+                    "rl_args.save_steps > 0 (each RL phase then ends with one) and start again."
+                )
+        else:
+            state = read_checkpoint(path)["trainer_state"]
+            start, into = divmod(state["epoch"], self.rl_epochs)
+            inside = into != 0 or state["epoch_position"] != 0
+            if not inside:  # the policy at the end of round start - 1
+                rl.load_checkpoint(path)
+                self.env_step = rl.env_step
+        self._load_reward_model(start, inside)
+        return start, path if inside else None
+
+    def _load_reward_model(self, start: int, inside: bool) -> None:
+        """The saved reward model, when it is the one round ``start`` needs: its own (inside its
+        RL phase, or fitted already) or the previous round's (to fit on)."""
+        saved = self._saved_reward_round()
+        allowed = {start} if inside else {start - 1, start}
+        if saved is None and (inside or start > 0):
+            saved_text = "no reward model"
+        elif saved is not None and saved not in allowed:
+            saved_text = f"the reward model of round {saved}"
+        else:
+            saved_text = ""
+        if saved_text:
+            raise ValueError(
+                f"resuming round {start} needs the reward model of round "
+                f"{start if inside else start - 1}, but {self.reward_model_dir} holds "
+                f"{saved_text} (only the last round's is kept); resume the latest checkpoint "
+                "(resume_from_checkpoint='latest')."
+            )
+        if saved is None:
+            return
         state = torch.load(
             self.reward_model_dir / "model.pt", map_location=self.reward_model.device
         )
         self.reward_model.model.load_state_dict(state)
         self.reward_metrics = json.loads((self.reward_model_dir / "metrics.json").read_text())
 
+    # -- evaluation and saving ----------------------------------------------------------------
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """The RL phase's evaluation with the task reward (``{}`` without eval_dataset); logged
         in ``<run_dir>/rl`` and returned."""
@@ -260,7 +296,8 @@ class MARLHFTrainer(PreferenceTrainer):
         return self.rl_trainer.evaluate_items(n)
 
     def save_model(self, output_dir: str | Path) -> None:
-        """The agents (``agent_i``) as every trainer saves them, and ``reward_model/``."""
+        """The agents (``agent_i``, adapters alone for adapter agents) as every trainer saves
+        them, and ``reward_model/``."""
         super().save_model(output_dir)
         self.reward_model.model.save_pretrained(Path(output_dir) / "reward_model")
         self.reward_model.tokenizer.save_pretrained(Path(output_dir) / "reward_model")

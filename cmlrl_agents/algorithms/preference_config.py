@@ -38,11 +38,19 @@ class PreferenceConfig(SharedConfig):
     pair_selection: str = "reward_gap"
     """reward_gap (largest task-reward gaps), all, or random (drawn with ``seed``)."""
     eval_interval: int = 1
-    """Evaluate before every ``eval_interval``-th iteration (the first included) and after the
-    last; 0: manual evaluation only."""
+    """MADPO: evaluate before every ``eval_interval``-th iteration (the first included) and
+    after the last; MARLHF: once after the last (its RL phase evaluates on ``rl_args``'
+    schedule); 0: manual evaluation only."""
+    num_iterations: int = 1
+    """Rounds, each building pairs from the current policy (1: offline, pairs from the initial
+    policy)."""
+    replay_iterations: int = 0
+    """Also train on the pairs of this many earlier rounds (0: only the current round's)."""
 
     def validate(self) -> None:
         super().validate()
+        self._int("num_iterations", 1)
+        self._int("replay_iterations", 0)
         if self.num_turns != 1:
             raise ValueError(
                 f"num_turns={self.num_turns}: the preference trainers compare single-turn joint "
@@ -64,23 +72,18 @@ class MADPOConfig(PreferenceConfig):
     """Multi-agent DPO against a frozen reference (the initial policy).
 
     Each of ``num_iterations`` rounds regenerates pairs from the current policy and trains
-    ``num_train_epochs`` passes over them (plus the last ``replay_iterations`` rounds' pairs).
+    ``num_train_epochs`` passes over them (plus the last ``replay_iterations`` rounds' pairs);
+    1 is offline DPO.
     """
 
     dpo_beta: float = 0.1
     """beta of the DPO loss: the weight of the log-ratio to the reference."""
-    num_iterations: int = 1
-    """Rounds of (pairs from the current policy, DPO epochs); 1 is offline DPO."""
-    replay_iterations: int = 0
-    """Also train on the pairs of this many earlier rounds (0: only the current round's)."""
     pair_batch_size: int = 8
     """Pairs per optimizer step."""
 
     def validate(self) -> None:
         super().validate()
         self._real("dpo_beta", 0.0, low_open=True)
-        self._int("num_iterations", 1)
-        self._int("replay_iterations", 0)
         self._int("pair_batch_size", 1)
         if self.lr_scheduler_type != "constant":
             raise ValueError(
@@ -92,7 +95,12 @@ class MADPOConfig(PreferenceConfig):
 
 @dataclass
 class MARLHFConfig(PreferenceConfig):
-    """Pairs → a Bradley-Terry reward model → RL on the learned reward (``rl_args``)."""
+    """Pairs → a Bradley-Terry reward model → RL on the learned reward (``rl_args``).
+
+    Each of ``num_iterations`` rounds builds pairs from the current policy, trains the reward
+    model further on them (and on the last ``replay_iterations`` rounds' training pairs), then
+    runs ``rl_args.num_train_epochs`` epochs of RL on it.
+    """
 
     rl_algorithm: str = "magrpo"
     """The RL phase: magrpo, mareinforce, maremax, marloo, iac or maac."""
@@ -128,4 +136,4 @@ class MARLHFConfig(PreferenceConfig):
 MADPOIterConfig = MADPOConfig
 """comlrl's iterative-DPO name: ``num_iterations`` rounds regenerate pairs here."""
 MARLHFIterConfig = MARLHFConfig
-"""comlrl's iterative-MARLHF name (one round of pairs, reward model and RL)."""
+"""comlrl's iterative-MARLHF name: ``num_iterations`` rounds of pairs, reward model and RL."""

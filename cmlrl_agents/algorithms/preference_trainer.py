@@ -138,6 +138,14 @@ class PreferenceTrainer(TeamTrainer):
         """A round's pairs as this run wrote them (resume, replay)."""
         return load_pairs(self.pairs_path(round_index), self.agent_names)
 
+    def replay_rounds(self, round_index: int) -> range:
+        """The last ``replay_iterations`` rounds before ``round_index``."""
+        return range(max(0, round_index - self.args.replay_iterations), round_index)
+
+    def replay_pairs(self, round_index: int) -> list[PreferencePair]:
+        """The pairs of the :meth:`replay_rounds` of ``round_index``, as saved."""
+        return [p for j in self.replay_rounds(round_index) for p in self.saved_pairs(j)]
+
     def build_pairs(self, round_index: int) -> list[PreferencePair]:
         """Sample K joint candidates per training item from the current policy and label them."""
         if self.env is None:

@@ -84,6 +84,8 @@ class PreferenceRewardModel:
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self._frozen: list[torch.nn.Parameter] = []
+        """The parameters :meth:`freeze` froze, which :meth:`unfreeze` makes trainable again."""
 
     @classmethod
     def from_pretrained(
@@ -178,7 +180,18 @@ class PreferenceRewardModel:
 
     def freeze(self) -> PreferenceRewardModel:
         """No parameter of the model requires gradients any more (it is only a reward now)."""
-        for p in self.model.parameters():
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if trainable:  # freezing twice keeps the first list
+            self._frozen = trainable
+        for p in trainable:
             p.requires_grad_(False)
         self.model.eval()
+        return self
+
+    def unfreeze(self) -> PreferenceRewardModel:
+        """Undo :meth:`freeze`: the parameters that were trainable before it train again (a
+        backbone the user froze stays frozen), e.g. to :meth:`fit` it on new pairs."""
+        for p in self._frozen:
+            p.requires_grad_(True)
+        self._frozen = []
         return self
