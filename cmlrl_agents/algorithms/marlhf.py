@@ -167,6 +167,8 @@ class MARLHFTrainer(PreferenceTrainer):
         resume = resume_target(resume_from_checkpoint)
         if self.args.seed is not None:
             set_seed(self.args.seed)
+        if resume is None:  # refuse another run's RL checkpoints before any pair is built
+            self.rl_trainer._start_fresh()
         self.logger.write_config()
         start, rl_resume = (0, None) if resume is None else self._restore(resume)
         last: dict[str, float] = {}

@@ -18,7 +18,7 @@ def python_blocks(text: str) -> list[str]:
 
 # The minimum block counts catch a guide whose fences stopped matching (then nothing would run).
 @pytest.mark.parametrize(
-    ("guide", "min_blocks"), [("env.md", 10), ("tasks.md", 7), ("preference.md", 5)]
+    ("guide", "min_blocks"), [("env.md", 10), ("tasks.md", 7), ("preference.md", 7)]
 )
 def test_guide_python_blocks_run(guide: str, min_blocks: int) -> None:
     blocks = python_blocks((DOCS / guide).read_text(encoding="utf-8"))
