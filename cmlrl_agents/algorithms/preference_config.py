@@ -131,6 +131,12 @@ class MARLHFConfig(PreferenceConfig):
         self._real("reward_eval_fraction", 0.0, 0.9)
         self._devices("reward_model_device")
         self._int("reward_max_length", 8, optional=True)
+        if self.reference_devices is not None:
+            raise ValueError(
+                f"reference_devices={self.reference_devices!r}: MARLHF has no reference model "
+                "of its own; its RL phase places its references with "
+                "rl_args.reference_devices (with rl_args.reference_kl_enabled=True)."
+            )
 
 
 MADPOIterConfig = MADPOConfig

@@ -38,7 +38,8 @@ def check_given_task(
 
 
 def check_reference_devices(args: SharedConfig, num_agents: int) -> None:
-    if args.reference_devices is not None and not args.to_dict().get("reference_kl_enabled"):
+    # A config without the reference_kl_enabled switch always has references (MADPO's DPO).
+    if args.reference_devices is not None and args.to_dict().get("reference_kl_enabled") is False:
         raise ValueError(
             f"reference_devices={args.reference_devices!r} places the frozen reference "
             "models, which exist only with reference_kl_enabled=True; set that or drop "

@@ -222,3 +222,19 @@ def test_adapter_errors_name_the_argument(base_folder, tmp_path):
         shared_trainer(base_folder, tmp_path / "run", peft_config=[lora()] * 3)
     with pytest.raises(TypeError, match="peft_config must be a peft adapter config"):
         shared_trainer(base_folder, tmp_path / "run", peft_config={"r": 4})
+
+
+def test_reference_devices_place_madpo_copies_but_adapters_have_none(base_folder, tmp_path):
+    tokenizer = tiny_tokenizer()
+    trainer = MADPOTrainer(
+        agents=[tiny_model(len(tokenizer), 0), tiny_model(len(tokenizer), 1)],
+        tokenizer=tokenizer,
+        formatters=FORMATTERS,
+        reward_func=tasks.length_ratio_reward,
+        args=config(tmp_path / "copies", reference_devices="cpu"),
+    )
+    for agent, reference in zip(trainer.agents, trainer.reference_models, strict=True):
+        assert isinstance(reference, torch.nn.Module) and reference is not agent.model
+        assert {p.device.type for p in reference.parameters()} == {"cpu"}
+    with pytest.raises(ValueError, match="adapter agents \\(peft_config\\) have none"):
+        shared_trainer(base_folder, tmp_path / "run", reference_devices="cpu")

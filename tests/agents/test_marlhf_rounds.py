@@ -186,6 +186,8 @@ def test_bad_rl_configs_are_refused():
         make_trainer(Path("unused"), rl_args=MAGRPOConfig(num_turns=2))
     with pytest.raises(ValueError, match="num_iterations must be"):
         MARLHFConfig(num_iterations=0)
+    with pytest.raises(ValueError, match="places its references with rl_args.reference_devices"):
+        MARLHFConfig(reference_devices="cpu")
 
 
 @pytest.fixture
