@@ -65,6 +65,7 @@ class MADPOTrainer(PreferenceTrainer):
             preference_func=preference_func,
             comparator=comparator,
             pairs_file=pairs_file,
+            num_iterations=args.num_iterations,
         )
         super().__init__(args=args, agent_model=agent_model, **checked)
         self.setup_preferences(

@@ -91,6 +91,7 @@ class MARLHFTrainer(PreferenceTrainer):
             preference_func=preference_func,
             comparator=comparator,
             pairs_file=pairs_file,
+            num_iterations=args.num_iterations,
         )
         env = team.get("env")
         spec = team.get("task") if env is None else env.spec

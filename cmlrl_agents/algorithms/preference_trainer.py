@@ -73,6 +73,7 @@ def preference_team(
     preference_func: Any,
     comparator: Any,
     pairs_file: Any,
+    num_iterations: int,
 ) -> tuple[dict[str, Any], bool]:
     """The team keywords of a preference trainer checked (single-turn: no
     ``external_transition``) with its pair sources; without a task reward the env gets
@@ -83,6 +84,15 @@ def preference_team(
     spec = team.get("task") if env is None else env.spec
     task_reward = reward_func if spec is None else spec.reward_func
     check_sources(task_reward, preference_func, comparator, pairs_file, team.get("eval_dataset"))
+    dataset = team.get("train_dataset") if spec is None else spec.dataset
+    labels = task_reward is not None or preference_func is not None or comparator is not None
+    if pairs_file and num_iterations > 1 and not (dataset is not None and labels):
+        raise ValueError(
+            f"num_iterations={num_iterations}: rounds after the first build pairs from the "
+            "policy, which needs train_dataset and a way to label them (reward_func, "
+            "preference_func or comparator); the pairs_file gives round 0 only. Pass them, or "
+            "set num_iterations=1."
+        )
     team = dict(team)
     if spec is None and team.get("train_dataset") is not None and reward_func is None:
         team["reward_func"] = no_task_reward  # the env is built; pairs need none

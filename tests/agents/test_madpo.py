@@ -165,6 +165,13 @@ def test_a_pairs_file_trains_without_a_dataset(tmp_path):
     assert not torch.equal(trainer.agents[1].model.lm_head.weight, before[1]["lm_head.weight"])
     (dpo,) = [r for r in rows(tmp_path / "f") if "loss" in r]
     assert dpo["preference/train_pairs"] == len(pairs)
+    # Later rounds sample their pairs from the policy: without a dataset, refused at once.
+    with pytest.raises(ValueError, match="num_iterations=2: rounds after the first build pairs"):
+        MADPOTrainer(
+            agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
+            pairs_file=path,
+            args=MADPOConfig(num_iterations=2, output_dir=str(tmp_path / "g")),
+        )
 
 
 def test_all_ties_are_refused_with_the_fix(tmp_path):
