@@ -189,7 +189,10 @@ class MARLHFTrainer(PreferenceTrainer):
                 self.env_step = json.loads(self.round_record(k).read_text())["env_step"]
             else:
                 pairs = self.round_pairs(k)
-                self.round_record(k).write_text(json.dumps({"env_step": self.env_step}) + "\n")
+                record = self.round_record(k)
+                partial = record.with_suffix(".json.tmp")  # renamed: never half written
+                partial.write_text(json.dumps({"env_step": self.env_step}) + "\n")
+                partial.replace(record)
             if not (resumed and self._saved_reward_round() == k):
                 self.fit_reward_model(pairs, k)
             rl.env_step = self.env_step  # one env_step axis across the phases
