@@ -138,7 +138,7 @@ class MARLHFTrainer(PreferenceTrainer):
             reward_processor=None,  # the processor shapes the task reward, not the learned one
             early_termination_threshold=rl_args.early_termination_threshold,
         )
-        trainer = RL_TRAINERS[self.args.rl_algorithm][0](
+        trainer = RL_TRAINERS[self.args.rl_algorithm](
             agents=self.agents,
             task=task,
             eval_dataset=self.eval_dataset,

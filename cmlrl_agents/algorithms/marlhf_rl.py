@@ -16,34 +16,27 @@ from pathlib import Path
 from typing import Any
 
 from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer
-from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.algorithms.magrpo import (
     MAGRPOTrainer,
     MAREINFORCETrainer,
     MAReMaxTrainer,
     MARLOOTrainer,
 )
-from cmlrl_agents.algorithms.magrpo_config import (
-    MAGRPOConfig,
-    MAREINFORCEConfig,
-    MAReMaxConfig,
-    MARLOOConfig,
-)
-from cmlrl_agents.algorithms.preference_config import MARLHFConfig
+from cmlrl_agents.algorithms.preference_config import RL_CONFIGS, MARLHFConfig
 from cmlrl_agents.runs.trainer import TeamTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 
 __all__ = ["RL_OPTION_NAMES", "RL_TRAINERS", "check_rl_options", "refuse_rl_options", "rl_config"]
 
-RL_TRAINERS: dict[str, tuple[type[TeamTrainer], type]] = {
-    "magrpo": (MAGRPOTrainer, MAGRPOConfig),
-    "mareinforce": (MAREINFORCETrainer, MAREINFORCEConfig),
-    "maremax": (MAReMaxTrainer, MAReMaxConfig),
-    "marloo": (MARLOOTrainer, MARLOOConfig),
-    "iac": (IACTrainer, IACConfig),
-    "maac": (MAACTrainer, MAACConfig),
+RL_TRAINERS: dict[str, type[TeamTrainer]] = {
+    "magrpo": MAGRPOTrainer,
+    "mareinforce": MAREINFORCETrainer,
+    "maremax": MAReMaxTrainer,
+    "marloo": MARLOOTrainer,
+    "iac": IACTrainer,
+    "maac": MAACTrainer,
 }
-"""The RL phase's trainer and config class by ``rl_algorithm``."""
+"""The RL phase's trainer by ``rl_algorithm`` (its config class: ``RL_CONFIGS``)."""
 
 
 def _own_options(trainer_class: type) -> list[str]:
@@ -52,7 +45,7 @@ def _own_options(trainer_class: type) -> list[str]:
     return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "args"]
 
 
-RL_OPTION_NAMES = tuple(dict.fromkeys(n for c, _ in RL_TRAINERS.values() for n in _own_options(c)))
+RL_OPTION_NAMES = tuple(dict.fromkeys(n for c in RL_TRAINERS.values() for n in _own_options(c)))
 """Every RL trainer's own options (what goes in ``rl_options``)."""
 
 
@@ -73,7 +66,7 @@ def check_rl_options(options: Mapping[str, Any] | None, rl_algorithm: str) -> di
     that trainer takes, and none of the team's (the RL phase shares MARLHF's team and task)."""
     if options is None:
         return {}
-    trainer_class = RL_TRAINERS[rl_algorithm][0]
+    trainer_class = RL_TRAINERS[rl_algorithm]
     accepted = _own_options(trainer_class)
     if not isinstance(options, Mapping):
         raise TypeError(
@@ -98,26 +91,9 @@ def check_rl_options(options: Mapping[str, Any] | None, rl_algorithm: str) -> di
 def rl_config(args: MARLHFConfig, run_dir: Path) -> Any:
     """The RL phase's config: a copy of ``args.rl_args`` (or the algorithm's defaults) with
     ``output_dir`` ``<run_dir>/rl`` and MARLHF's seed unless given."""
-    config_class = RL_TRAINERS[args.rl_algorithm][1]
+    # MARLHFConfig checked rl_args against rl_algorithm when it was built or assigned.
+    config_class = RL_CONFIGS[args.rl_algorithm]
     rl = config_class() if args.rl_args is None else copy.deepcopy(args.rl_args)
-    if type(rl) is not config_class:
-        raise TypeError(
-            f"rl_algorithm={args.rl_algorithm!r} needs rl_args to be a {config_class.__name__}, "
-            f"got {type(rl).__name__}; set rl_algorithm to match, or pass "
-            f"{config_class.__name__}(...)."
-        )
-    if rl.num_turns != 1:
-        raise ValueError(
-            f"rl_args.num_turns={rl.num_turns}: the reward model scores single-turn joint "
-            "responses; use num_turns=1."
-        )
-    if args.num_iterations > 1 and rl.lr_scheduler_type != "constant":
-        raise ValueError(
-            f"rl_args.lr_scheduler_type={rl.lr_scheduler_type!r} with num_iterations="
-            f"{args.num_iterations}: the RL phase's schedule is built for one round's epochs, so "
-            "a decay would end in round 0; use 'constant' (warmup_steps still works), or "
-            "num_iterations=1."
-        )
     if rl.output_dir is None:
         rl.output_dir = str(run_dir / "rl")
     if rl.seed is None:

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
+from cmlrl_agents.algorithms.magrpo_config import (
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+)
 from cmlrl_agents.algorithms.preference_pairs import PAIR_SELECTIONS
 from cmlrl_agents.runs.config import SharedConfig
 
@@ -23,7 +30,16 @@ __all__ = [
     "RL_ALGORITHMS",
 ]
 
-RL_ALGORITHMS = ("magrpo", "mareinforce", "maremax", "marloo", "iac", "maac")
+RL_CONFIGS: dict[str, type[SharedConfig]] = {
+    "magrpo": MAGRPOConfig,
+    "mareinforce": MAREINFORCEConfig,
+    "maremax": MAReMaxConfig,
+    "marloo": MARLOOConfig,
+    "iac": IACConfig,
+    "maac": MAACConfig,
+}
+"""The RL phase's config class by ``rl_algorithm``."""
+RL_ALGORITHMS = tuple(RL_CONFIGS)
 
 
 @dataclass
@@ -120,11 +136,7 @@ class MARLHFConfig(PreferenceConfig):
     def validate(self) -> None:
         super().validate()
         self._choice("rl_algorithm", RL_ALGORITHMS)
-        if self.rl_args is not None and not isinstance(self.rl_args, SharedConfig):
-            raise TypeError(
-                f"rl_args must be the RL phase's config (e.g. MAGRPOConfig()), got "
-                f"{type(self.rl_args).__name__}."
-            )
+        self._check_rl_args()
         self._real("reward_learning_rate", 0.0, low_open=True)
         self._int("reward_num_train_epochs", 1)
         self._int("reward_batch_size", 1)
@@ -136,6 +148,35 @@ class MARLHFConfig(PreferenceConfig):
                 f"reference_devices={self.reference_devices!r}: MARLHF has no reference model "
                 "of its own; its RL phase places its references with "
                 "rl_args.reference_devices (with rl_args.reference_kl_enabled=True)."
+            )
+
+    def _check_rl_args(self) -> None:
+        config_class = RL_CONFIGS[self.rl_algorithm]
+        rl = self.rl_args
+        if rl is None:
+            return
+        if not isinstance(rl, SharedConfig):
+            raise TypeError(
+                f"rl_args must be the RL phase's config (e.g. MAGRPOConfig()), got "
+                f"{type(rl).__name__}."
+            )
+        if type(rl) is not config_class:
+            raise TypeError(
+                f"rl_algorithm={self.rl_algorithm!r} needs rl_args to be a "
+                f"{config_class.__name__}, got {type(rl).__name__}; set rl_algorithm to match, "
+                f"or pass {config_class.__name__}(...)."
+            )
+        if rl.num_turns != 1:
+            raise ValueError(
+                f"rl_args.num_turns={rl.num_turns}: the reward model scores single-turn joint "
+                "responses; use num_turns=1."
+            )
+        if self.num_iterations > 1 and rl.lr_scheduler_type != "constant":
+            raise ValueError(
+                f"rl_args.lr_scheduler_type={rl.lr_scheduler_type!r} with num_iterations="
+                f"{self.num_iterations}: the RL phase's schedule is built for one round's epochs, "
+                "so a decay would end in round 0; use 'constant' (warmup_steps still works), or "
+                "num_iterations=1."
             )
 
 

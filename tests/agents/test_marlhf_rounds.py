@@ -178,12 +178,14 @@ def test_a_task_spec_is_the_rl_phases_task_with_the_learned_reward(tmp_path):
 
 
 def test_bad_rl_configs_are_refused():
+    # MARLHFConfig checks rl_args itself, when built and on assignment: before any file is written.
     with pytest.raises(ValueError, match="use 'constant' .* or num_iterations=1"):
-        make_trainer(
-            Path("unused"), num_iterations=2, rl_args=MAGRPOConfig(lr_scheduler_type="linear")
-        )
+        MARLHFConfig(num_iterations=2, rl_args=MAGRPOConfig(lr_scheduler_type="linear"))
     with pytest.raises(ValueError, match="rl_args.num_turns=2: .* use num_turns=1"):
-        make_trainer(Path("unused"), rl_args=MAGRPOConfig(num_turns=2))
+        MARLHFConfig(rl_args=MAGRPOConfig(num_turns=2))
+    config = MARLHFConfig(rl_algorithm="iac", rl_args=IACConfig())
+    with pytest.raises(TypeError, match="rl_algorithm='magrpo' needs rl_args to be a MAGRPOConfig"):
+        config.rl_algorithm = "magrpo"
     with pytest.raises(ValueError, match="num_iterations must be"):
         MARLHFConfig(num_iterations=0)
     with pytest.raises(ValueError, match="places its references with rl_args.reference_devices"):
