@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 # The run file's plan (sections checked, trainer built) lives in cli/plan.py; re-exported here.
+from cmlrl_agents.cli.adapters import describe_peft
 from cmlrl_agents.cli.plan import (
     ALGORITHMS,
     BUILTIN_MODELS,
@@ -77,7 +78,7 @@ def _add_to_path(folder: Path) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        p = plan(_read(args))
+        p = plan(_read(args), source=args.config)
         _check_run_folder(p.config, args.resume)  # before any model is loaded
         trainer = build_trainer(p)
     model_dir = None if args.no_save_model else trainer.run_dir / "model"
@@ -130,7 +131,7 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        p = plan(_read(args))
+        p = plan(_read(args), source=args.config)
         checkpoint, agent_dirs, run_dir = _evaluated_weights(args.checkpoint, p.config)
         output = args.output_dir or (run_dir / "eval" if run_dir is not None else None)
         p.config.output_dir = None if output is None else str(output)
@@ -201,6 +202,12 @@ def _evaluated_weights(
                 f"{path} holds {len(agents)} agents, config.num_agents is {config.num_agents}."
             )
         return None, agents, run_dir or path.parent
+    if agents and all((d / "adapter_config.json").is_file() for d in agents):
+        raise CLIError(
+            f"--checkpoint {given!r} holds adapters (save_model of adapter agents), which "
+            "cmlrl eval does not load; give a checkpoint folder of that run or 'latest', or load "
+            "them with peft.PeftModel.from_pretrained(base, folder)."
+        )
     raise CLIError(
         f"--checkpoint {given!r} is neither a checkpoint folder (with trainer_state.json) nor a "
         "save_model folder (with agent_0/, agent_1/, ...)."
@@ -214,8 +221,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             k: getattr(args, k) for k in ("task", "dataset", "reward", "formatters", "transition")
         }
         spec["task"] = task_from_flags(spec.get("task"), **flags)
-        p = plan(spec, need_model=False)
+        p = plan(spec, need_model=False, source=args.config or "the command line")
     report, ok = check_task_section(p.task, p.config)
+    if p.peft is not None:
+        print(describe_peft(p.peft))
     print(report)
     return 0 if ok else 1
 
