@@ -59,8 +59,8 @@ def _state(out: Path, rank: int) -> dict:
 def runs(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("dp")
     single, parallel = base / "single", base / "parallel"
-    _launch(single, 1)
-    _launch(parallel, 2, save_steps=4)
+    _launch(single, 1, eval_items=5)
+    _launch(parallel, 2, save_steps=4, eval_items=5)
     return {"single": single, "parallel": parallel, "base": base}
 
 
@@ -86,11 +86,32 @@ def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs
             assert state["last"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
     run = runs["parallel"] / "run"
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["env_step"] for line in lines] == [8, 16]  # one writer, 2 rounds
+    train = [e for e in map(json.loads, lines) if not any(k.startswith("eval/") for k in e)]
+    assert [e["env_step"] for e in train] == [8, 16]  # one writer, 2 rounds
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "checkpoint-4",
         "checkpoint-8",
     ]
+
+
+def test_evaluation_is_sharded_over_ranks_and_equals_one_process(runs) -> None:
+    """5 eval items: rank 0 generates and scores 3, rank 1 the other 2; every rank's metrics
+    (standard and eval_logger's) are those of the one process that scored all 5."""
+    one = _state(runs["single"], 0)
+    ranks = [_state(runs["parallel"], r) for r in (0, 1)]
+    assert one["eval_reward_calls"] == 5
+    assert [s["eval_reward_calls"] for s in ranks] == [3, 2]
+    assert one["eval"]["eval/rows"] == 5.0 and "eval/turn_1/reward_mean" in one["eval"]
+    for state in ranks:
+        assert state["eval"] == one["eval"]  # the same numbers, bit for bit
+
+    def eval_lines(out: Path) -> list[dict]:
+        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
+        return [e for e in map(json.loads, lines) if any(k.startswith("eval/") for k in e)]
+
+    # The evaluations during training too (items 0 and 4), logged once, by rank 0.
+    logged = eval_lines(runs["parallel"])
+    assert len(logged) == 3 and logged == eval_lines(runs["single"])
 
 
 def test_resume_under_torchrun_restores_every_rank(runs) -> None:
