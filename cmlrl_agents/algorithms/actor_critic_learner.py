@@ -23,7 +23,11 @@ import numpy as np
 import torch
 
 from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig
-from cmlrl_agents.algorithms.actor_critic_losses import actor_losses, sample_value_loss
+from cmlrl_agents.algorithms.actor_critic_losses import (
+    actor_losses,
+    host_stats,
+    sample_value_loss,
+)
 from cmlrl_agents.algorithms.actor_critic_rollouts import (
     RolloutSample,
     StateKey,
@@ -275,18 +279,20 @@ class ActorCriticLearner:
             self.optimizers[a].zero_grad(set_to_none=True)
         flat = [(k, i) for k, rows in enumerate(idx) for i in rows]
         size = args.forward_batch_size or max(len(flat), 1)
-        sums: list[dict[str, float]] = [defaultdict(float) for _ in group]
-        kls: list[dict[int, list[float]]] = [defaultdict(list) for _ in group]
+        # Statistics stay on the device until the step ends: one copy to the host per step.
+        sums: list[dict[str, torch.Tensor]] = [{} for _ in group]
+        kls: list[list[tuple[list[int], torch.Tensor]]] = [[] for _ in group]
         for start in range(0, len(flat), size):
             chunk = flat[start : start + size]
             self._chunk_loss(group, samples, idx, old, chunk, sums, kls).backward()
         out = []
         for k, a in enumerate(group):
-            sums[k]["grad_norm"] = clip_and_step(self.optimizers[a], args.max_grad_norm)
+            stats, kl_by_turn = host_stats(sums[k], kls[k])
+            stats["grad_norm"] = clip_and_step(self.optimizers[a], args.max_grad_norm)
             if f"agent_{a}" in self.schedulers:
                 self.schedulers[f"agent_{a}"].step()
-            sums[k].update(kl_turn_stats(kls[k], args.reference_kl_coef))
-            out.append(dict(sums[k]))
+            stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
+            out.append(stats)
         return out
 
     def _chunk_loss(
@@ -296,8 +302,8 @@ class ActorCriticLearner:
         idx: list[list[int]],
         old: list[list[torch.Tensor]] | None,
         chunk: list[tuple[int, int]],
-        sums: list[dict[str, float]],
-        kls: list[dict[int, list[float]]],
+        sums: list[dict[str, torch.Tensor]],
+        kls: list[list[tuple[list[int], torch.Tensor]]],
     ) -> torch.Tensor:
         """The group's summed, weighted losses of one chunk of rows (``(k, i)``: sample ``i``
         of agent ``group[k]``); each agent's loss statistics are added to ``sums[k]``."""
@@ -306,19 +312,22 @@ class ActorCriticLearner:
         # A value head on the actor reads the trunk during this very scoring forward.
         heads = HeadCaptures([self._head_on_actor(a) for a in group])
         scored = self._joint_pass(group, rows, None if refs is None else refs[group[0]], heads)
-        positions = torch.tensor([len(s.prompt_ids) - 1 for _, s in rows])
+        device = scored.logprobs.device
+        positions = torch.tensor([len(s.prompt_ids) - 1 for _, s in rows], device=device)
         total = scored.logprobs.new_zeros(())
         for k, a in enumerate(group):
             mine = scored.rows(k)
             if not mine:
                 continue
             picked = [rows[r][1] for r in mine]
+            # Alone (every row its own), the tensors are used as they are: no gathered copy.
+            sel = slice(None) if len(mine) == len(rows) else torch.tensor(mine, device=device)
             captured = heads.captured[k]
             losses = actor_losses(
-                picked, scored.logprobs[mine], scored.batch.completion_mask[mine], args,
+                picked, scored.logprobs[sel], scored.batch.completion_mask[sel], args,
                 old=None if old is None else [old[a][chunk[r][1]] for r in mine],
-                values=None if captured is None else captured.values(positions)[mine],
-                ref_logprobs=None if scored.reference is None else scored.reference[mine],
+                values=None if captured is None else captured.values(positions)[sel],
+                ref_logprobs=None if scored.reference is None else scored.reference[sel],
             )  # fmt: skip
             part = losses["policy_loss"]
             if "value_loss" in losses:
@@ -326,12 +335,11 @@ class ActorCriticLearner:
             kl = losses.pop("reference_kl", None)
             if kl is not None:
                 part = part + args.reference_kl_coef * kl.mean()
-                for s, value in zip(picked, kl.detach().tolist(), strict=True):
-                    kls[k][s.turn].append(value)
+                kls[k].append(([s.turn for s in picked], kl.detach()))
             weight = len(mine) / len(idx[k])
             total = total + part * weight
             for key, value in losses.items():
-                sums[k][key] += float(value.detach()) * weight
+                sums[k][key] = sums[k].get(key, 0.0) + value.detach() * weight
         return total
 
     def _head_on_actor(self, a: int) -> ValueModel | None:

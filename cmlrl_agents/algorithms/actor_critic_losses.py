@@ -8,6 +8,7 @@ to the reference.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -16,7 +17,7 @@ from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig
 from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample
 from cmlrl_agents.functional.losses import kl_k3, policy_gradient_loss, value_loss
 
-__all__ = ["actor_losses", "sample_value_loss"]
+__all__ = ["actor_losses", "host_stats", "sample_value_loss"]
 
 
 def actor_losses(
@@ -66,3 +67,21 @@ def sample_value_loss(
         None if clip_range is None else torch.tensor([s.value for s in rows], device=values.device)
     )
     return value_loss(values, targets, old, clip_range)
+
+
+def host_stats(
+    sums: dict[str, torch.Tensor], kls: list[tuple[list[int], torch.Tensor]]
+) -> tuple[dict[str, float], dict[int, list[float]]]:
+    """A step's loss sums and per-sample KLs (with their turns), gathered on the device, as
+    floats from ONE device-to-host copy."""
+    keys = list(sums)
+    pieces = [torch.stack([sums[key] for key in keys])] if keys else []
+    pieces += [kl for _, kl in kls]
+    if not pieces:
+        return {}, {}
+    flat = torch.cat([p.reshape(-1).float() for p in pieces]).tolist()
+    by_turn: dict[int, list[float]] = defaultdict(list)
+    turns = [t for ts, _ in kls for t in ts]
+    for turn, value in zip(turns, flat[len(keys) :], strict=True):
+        by_turn[turn].append(value)
+    return dict(zip(keys, flat[: len(keys)], strict=True)), by_turn
