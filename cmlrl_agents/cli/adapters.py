@@ -15,12 +15,13 @@ Every key is a field of ``peft.LoraConfig``; a list of such mappings gives one c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from cmlrl_agents.cli.spec import CLIError, check_keys, one_line
 
-__all__ = ["describe_peft", "peft_section"]
+__all__ = ["describe_peft", "load_adapter_folders", "peft_section"]
 
 
 def peft_section(section: Any, source: str, num_agents: int) -> Any:
@@ -89,3 +90,26 @@ def _check_numbers(fields: Mapping[str, Any], where: str, source: str) -> None:
     dropout = fields.get("lora_dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise CLIError(f"{where}.lora_dropout in {source} must be in [0, 1), got {dropout!r}.")
+
+
+def load_adapter_folders(agents: Sequence[Any], folders: Sequence[Path]) -> None:
+    """Load ``save_model``'s adapter folders (``agent_i/``, one per agent) into the adapters of
+    freshly built adapter agents, agent i's folder into adapter ``agent_i``; every tensor of the
+    adapter must be in the file and match its shape."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    for agent, folder in zip(agents, folders, strict=True):
+        file = folder / "adapter_model.safetensors"
+        if agent.adapter is None or not file.is_file():
+            raise CLIError(
+                f"{folder} holds no adapter of agent {agent.adapter or '(a full model)'}; give "
+                "the run file's peft section the adapters were trained with."
+            )
+        result = set_peft_model_state_dict(agent.model, load_file(str(file)), agent.adapter)
+        missing = [k for k in result.missing_keys if f".{agent.adapter}." in k]
+        if missing or result.unexpected_keys:
+            raise CLIError(
+                f"{file} does not fit adapter {agent.adapter} of the run file's peft section: "
+                f"missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]}."
+            )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 # The run file's plan (sections checked, trainer built) lives in cli/plan.py; re-exported here.
-from cmlrl_agents.cli.adapters import describe_peft
+from cmlrl_agents.cli.adapters import describe_peft, load_adapter_folders
 from cmlrl_agents.cli.plan import (
     ALGORITHMS,
     BUILTIN_MODELS,
@@ -137,7 +137,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         p.config.output_dir = None if output is None else str(output)
         if p.task.eval_dataset is None:
             raise CLIError("the task has no eval dataset; give task.eval_dataset or test_size.")
-        trainer = build_trainer(p, use_wandb=False, agent_dirs=agent_dirs)
+        adapters = bool(agent_dirs) and (agent_dirs[0] / "adapter_config.json").is_file()
+        if adapters and p.peft is None:
+            raise CLIError(
+                f"{agent_dirs[0].parent} holds adapters (save_model of adapter agents); give "
+                "the run file's peft section they were trained with."
+            )
+        trainer = build_trainer(p, use_wandb=False, agent_dirs=() if adapters else agent_dirs)
+        if adapters:
+            load_adapter_folders(trainer.agents, agent_dirs)
         if checkpoint is not None:
             trainer.load_checkpoint(checkpoint)
         n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
@@ -196,18 +204,13 @@ def _evaluated_weights(
     agents = sorted(
         (d for d in path.glob("agent_*") if d.name[6:].isdigit()), key=lambda d: int(d.name[6:])
     )
-    if agents and all((d / "config.json").is_file() for d in agents):  # run/model from save_model
+    adapters = agents and all((d / "adapter_config.json").is_file() for d in agents)
+    if adapters or (agents and all((d / "config.json").is_file() for d in agents)):  # save_model
         if config.num_agents not in (None, len(agents)):
             raise CLIError(
                 f"{path} holds {len(agents)} agents, config.num_agents is {config.num_agents}."
             )
         return None, agents, run_dir or path.parent
-    if agents and all((d / "adapter_config.json").is_file() for d in agents):
-        raise CLIError(
-            f"--checkpoint {given!r} holds adapters (save_model of adapter agents), which "
-            "cmlrl eval does not load; give a checkpoint folder of that run or 'latest', or load "
-            "them with peft.PeftModel.from_pretrained(base, folder)."
-        )
     raise CLIError(
         f"--checkpoint {given!r} is neither a checkpoint folder (with trainer_state.json) nor a "
         "save_model folder (with agent_0/, agent_1/, ...)."

@@ -6,10 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from peft import LoraConfig, PeftModel
 from safetensors.torch import load_file
 
+from cmlrl_agents.cli.adapters import load_adapter_folders
 from cmlrl_agents.cli.commands import main
 from cmlrl_agents.cli.plan import build_trainer, plan
 from cmlrl_agents.cli.spec import CLIError
@@ -19,6 +21,7 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
 def run_file(folder: Path, peft, algorithm: str = "magrpo", **config) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
     spec = {
         "algorithm": algorithm,
         "model": "tiny",
@@ -68,8 +71,22 @@ def test_train_with_a_peft_section_saves_adapters_only(tmp_path, capsys) -> None
     assert saved and all("lora_" in key for key in saved)
     assert {key.split("/")[0] for key in saved} == {"agent_0", "agent_1"}
     assert main(["eval", str(path), "--checkpoint", "latest"]) == 0
+    assert main(["eval", str(path), "--checkpoint", str(run / "model")]) == 0
+    # The saved adapters load into a team built from the run file, tensor for tensor.
+    trainer = build_trainer(plan(yaml.safe_load(path.read_text())), use_wandb=False)
+    folders = [run / "model" / f"agent_{i}" for i in (0, 1)]
+    load_adapter_folders(trainer.agents, folders)
+    for agent, folder in zip(trainer.agents, folders, strict=True):
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+        mine = {n: p for n, p in agent.model.named_parameters() if f".{agent.adapter}." in n}
+        assert len(mine) == len(saved) == 8
+        for name, tensor in saved.items():
+            key = name.replace(".weight", f".{agent.adapter}.weight")
+            assert torch.equal(mine[key], tensor), name
+    trainer.close()
     capsys.readouterr()
-    assert main(["eval", str(path), "--checkpoint", str(run / "model")]) == 2
+    no_peft = run_file(tmp_path / "plain", None, output_dir=str(run))
+    assert main(["eval", str(no_peft), "--checkpoint", str(run / "model")]) == 2
     assert "holds adapters (save_model of adapter agents)" in capsys.readouterr().err
 
 
