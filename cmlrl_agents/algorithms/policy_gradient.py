@@ -196,6 +196,7 @@ class PolicyGradientLearner:
             scored = joint_pass(
                 agents, [k for k, _ in chunk], [s.prompt_ids for _, s in chunk],
                 [s.completion_ids for _, s in chunk], None if refs is None else refs[group[0]],
+                prefix_sharing=args.prefix_sharing,
             )  # fmt: skip
             batch, logprobs, ref = scored.batch, scored.logprobs, scored.reference
             total = logprobs.new_zeros(())

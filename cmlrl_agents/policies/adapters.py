@@ -191,13 +191,15 @@ def joint_pass(
     reference: Reference | None = None,
     *,
     policy_context: AbstractContextManager[Any] | None = None,
+    prefix_sharing: bool = False,
 ) -> JointPass:
     """Score rows of ``agents`` (one agent, or adapter agents of one base from
     :func:`joint_groups`) in one policy forward, row b under ``agents[owners[b]]``: a plain pass
     for one agent, a mixed-adapter pass (peft's per-row ``adapter_names``) for several. The
     group's one ``reference`` (their base with adapters off, or one agent's frozen copy) reads
     the rows first, in its own pass; ``policy_context`` is entered around the policy forward
-    only (a value head capturing the trunk's hidden states)."""
+    only (a value head capturing the trunk's hidden states); ``prefix_sharing`` goes to
+    :meth:`LLMAgent.score`."""
     lead = agents[0]
     batch = build_batch(prompt_ids, completion_ids, lead.pad_token_id).to(lead.device)
     ref = None if reference is None else reference_logprobs(reference, batch).to(lead.device)
@@ -208,8 +210,8 @@ def joint_pass(
             p.requires_grad_(True)
     with policy_context or nullcontext():
         if len(agents) == 1:
-            logprobs = lead.score(batch)
+            logprobs = lead.score(batch, prefix_sharing=prefix_sharing)
         else:
             names = [agents[k].adapter for k in owners]
-            logprobs = lead.score(batch, adapter_names=names)
+            logprobs = lead.score(batch, adapter_names=names, prefix_sharing=prefix_sharing)
     return JointPass(batch, logprobs, ref, tuple(owners))
