@@ -23,6 +23,11 @@ import numpy as np
 import torch
 
 from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig
+from cmlrl_agents.algorithms.actor_critic_losses import (
+    actor_losses,
+    host_stats,
+    sample_value_loss,
+)
 from cmlrl_agents.algorithms.actor_critic_rollouts import (
     RolloutSample,
     StateKey,
@@ -33,12 +38,10 @@ from cmlrl_agents.algorithms.actor_critic_rollouts import (
 )
 from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
 from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers, steps_per_round
-from cmlrl_agents.functional.losses import policy_gradient_loss, value_loss
-from cmlrl_agents.policies.adapters import checkpoint_models
+from cmlrl_agents.policies.adapters import JointPass, checkpoint_models, joint_groups, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
-from cmlrl_agents.policies.reference import kl_turn_means, kl_turn_stats, reference_kl
-from cmlrl_agents.policies.tokens import TokenBatch, build_batch
-from cmlrl_agents.policies.value_head import ValueModel
+from cmlrl_agents.policies.reference import kl_turn_means, kl_turn_stats
+from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 from cmlrl_agents.runs.metrics import turn_metrics
 from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_env.core import EpisodeState
@@ -174,18 +177,47 @@ class ActorCriticLearner:
         samples = self.rollouts(tree, normalize=self.args.advantage_normalization, inputs=inputs)
         return ActorCriticBatch(tree=tree, inputs=inputs, samples=samples)
 
-    def old_logprobs(self, a: int, samples: list[RolloutSample]) -> list[torch.Tensor]:
-        """Per sample, its completion tokens' log-probs before the update (PPO's old policy)."""
-        agent, out = self.agents[a], []
-        size = self.args.forward_batch_size or len(samples)
-        agent.model.train()  # the mode the update scores in, so the first ratio is exactly 1
-        with torch.no_grad():
-            for start in range(0, len(samples), size):
-                batch = _token_batch(agent, samples[start : start + size])
-                lp = agent.score(batch).cpu()
-                mask = batch.completion_mask.bool().cpu()
-                out.extend(row[m] for row, m in zip(lp, mask, strict=True))
+    def actor_groups(self) -> list[list[int]]:
+        """The actors that step together: adapter agents of one base without active dropout
+        (``adapters.joint_groups``: one mixed-adapter pass for all of them), the others alone."""
+        joint = joint_groups(self.agents)
+        alone = [[a] for a in range(len(self.agents)) if not any(a in g for g in joint)]
+        return sorted(joint + alone)
+
+    def old_logprobs(self, samples: list[list[RolloutSample]]) -> list[list[torch.Tensor]]:
+        """Per agent and sample (``samples[a]``): its completion tokens' log-probs before the
+        update (PPO's old policy), on the agent's device, scored in the passes (and the mode)
+        the update scores in, so the first ratio is exactly 1."""
+        out: list[list[torch.Tensor]] = [[] for _ in self.agents]
+        for group in self.actor_groups():
+            flat = [(k, s) for k, a in enumerate(group) for s in samples[a]]
+            size = self.args.forward_batch_size or max(len(flat), 1)
+            for a in group:
+                self.agents[a].model.train()
+            with torch.no_grad():
+                for start in range(0, len(flat), size):
+                    chunk = flat[start : start + size]
+                    scored = self._joint_pass(group, chunk, None)
+                    mask = scored.batch.completion_mask.bool()
+                    for (k, _), row, m in zip(chunk, scored.logprobs, mask, strict=True):
+                        out[group[k]].append(row[m])
         return out
+
+    def _joint_pass(
+        self,
+        group: list[int],
+        chunk: Sequence[tuple[int, RolloutSample]],
+        reference: Any,
+        policy_context: Any = None,
+    ) -> JointPass:
+        return joint_pass(
+            [self.agents[a] for a in group],
+            [k for k, _ in chunk],
+            [s.prompt_ids for _, s in chunk],
+            [s.completion_ids for _, s in chunk],
+            reference,
+            policy_context=policy_context,
+        )
 
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: ActorCriticBatch) -> dict[str, float]:
@@ -193,11 +225,7 @@ class ActorCriticLearner:
         args, samples = self.args, batch.samples
         metrics = turn_metrics(batch.tree, batch.tree.returns(args.discount))
         metrics.update(self._value_metrics(samples))
-        old = (
-            [self.old_logprobs(a, samples[a]) for a in range(len(self.agents))]
-            if args.ppo_clip_range is not None
-            else None
-        )
+        old = self.old_logprobs(samples) if args.ppo_clip_range is not None else None
         stats: dict[str, list[float]] = defaultdict(list)
         slots = sorted({s.item_slot for s in samples[0]})
         per_step = args.items_per_step
@@ -222,10 +250,11 @@ class ActorCriticLearner:
         stats: dict[str, list[float]],
     ) -> None:
         samples = batch.samples
-        for a in range(len(self.agents)):
-            idx = [k for k, s in enumerate(samples[a]) if s.item_slot in chosen]
-            for key, value in self._actor_step(a, samples[a], idx, old).items():
-                stats[f"agent_{a}/{key}"].append(value)
+        for group in self.actor_groups():
+            idx = [[k for k, s in enumerate(samples[a]) if s.item_slot in chosen] for a in group]
+            for a, got in zip(group, self._actor_step(group, samples, idx, old), strict=True):
+                for key, value in got.items():
+                    stats[f"agent_{a}/{key}"].append(value)
         for c, critic in enumerate(self.critics):
             if critic.shared:
                 continue
@@ -235,82 +264,87 @@ class ActorCriticLearner:
 
     def _actor_step(
         self,
-        a: int,
-        samples: list[RolloutSample],
-        idx: list[int],
+        group: list[int],
+        samples: list[list[RolloutSample]],
+        idx: list[list[int]],
         old: list[list[torch.Tensor]] | None,
-    ) -> dict[str, float]:
-        """One optimizer step of actor ``a`` (and of its value head when shared)."""
-        agent, optimizer, args = self.agents[a], self.optimizers[a], self.args
-        agent.model.train()
-        optimizer.zero_grad(set_to_none=True)
-        size = args.forward_batch_size or len(idx)
-        sums: dict[str, float] = defaultdict(float)
-        kl_by_turn: dict[int, list[float]] = defaultdict(list)
-        for start in range(0, len(idx), size):
-            chunk = idx[start : start + size]
-            weight = len(chunk) / len(idx)
-            losses = self._chunk_losses(
-                a, [samples[k] for k in chunk], None if old is None else [old[a][k] for k in chunk]
-            )
-            total = losses["policy_loss"]
-            if "value_loss" in losses:
-                total = total + args.value_loss_coef * losses["value_loss"]
-            kl = losses.pop("reference_kl", None)
-            if kl is not None:
-                total = total + args.reference_kl_coef * kl.mean()
-                for k, value in zip(chunk, kl.detach().tolist(), strict=True):
-                    kl_by_turn[samples[k].turn].append(value)
-            (total * weight).backward()
-            for key, value in losses.items():
-                sums[key] += float(value.detach()) * weight
-        sums["grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
-        if f"agent_{a}" in self.schedulers:
-            self.schedulers[f"agent_{a}"].step()
-        sums.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
-        return dict(sums)
-
-    def _chunk_losses(
-        self, a: int, chunk: list[RolloutSample], old: list[torch.Tensor] | None
-    ) -> dict[str, torch.Tensor]:
-        agent, critic = self.agents[a], self.critics[self.critic_index(a)]
-        batch = _token_batch(agent, chunk)
-        device = agent.device
-        if critic.shared and critic.model is agent.model:
-            # The value head reads the trunk during this very scoring forward.
-            with critic.capture() as captured:
-                logprobs = agent.score(batch)
-            values = captured.values(torch.tensor([len(s.prompt_ids) - 1 for s in chunk]))
-        else:
-            logprobs, values = agent.score(batch), None
-        mask = batch.completion_mask
-        old_lp = None
-        if old is not None:
-            old_lp = torch.zeros_like(logprobs)
-            old_lp[mask.bool()] = torch.cat(old).to(device)
-        adv = torch.tensor(
-            [
-                s.normalized_advantage if s.normalized_advantage is not None else s.advantage
-                for s in chunk
-            ],
-            device=device,
-        )
-        out = {
-            "policy_loss": policy_gradient_loss(
-                logprobs, mask, adv, "sequence_sum", old_lp, self.args.ppo_clip_range
-            )
-        }
-        if values is not None:
-            out["value_loss"] = self._value_loss(values, chunk)
-        if self.reference_models is not None:
-            out["reference_kl"] = reference_kl(self.reference_models[a], batch, logprobs)
+    ) -> list[dict[str, float]]:
+        """One optimizer step of each actor of ``group`` (and of its value head when shared)
+        over its rows ``samples[group[k]][i]`` for ``i`` in ``idx[k]``, scored together
+        (``adapters.joint_pass``): each loss is the one its agent has alone, and each adapter
+        and head receives only its own gradient."""
+        args = self.args
+        for a in group:
+            self.agents[a].model.train()
+            self.optimizers[a].zero_grad(set_to_none=True)
+        flat = [(k, i) for k, rows in enumerate(idx) for i in rows]
+        size = args.forward_batch_size or max(len(flat), 1)
+        # Statistics stay on the device until the step ends: one copy to the host per step.
+        sums: list[dict[str, torch.Tensor]] = [{} for _ in group]
+        kls: list[list[tuple[list[int], torch.Tensor]]] = [[] for _ in group]
+        for start in range(0, len(flat), size):
+            chunk = flat[start : start + size]
+            self._chunk_loss(group, samples, idx, old, chunk, sums, kls).backward()
+        out = []
+        for k, a in enumerate(group):
+            stats, kl_by_turn = host_stats(sums[k], kls[k])
+            stats["grad_norm"] = clip_and_step(self.optimizers[a], args.max_grad_norm)
+            if f"agent_{a}" in self.schedulers:
+                self.schedulers[f"agent_{a}"].step()
+            stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
+            out.append(stats)
         return out
 
-    def _value_loss(self, values: torch.Tensor, rows: list[RolloutSample]) -> torch.Tensor:
-        targets = torch.tensor([s.returns for s in rows], device=values.device)
-        clip = self.args.value_clip_range
-        old = None if clip is None else torch.tensor([s.value for s in rows], device=values.device)
-        return value_loss(values, targets, old, clip)
+    def _chunk_loss(
+        self,
+        group: list[int],
+        samples: list[list[RolloutSample]],
+        idx: list[list[int]],
+        old: list[list[torch.Tensor]] | None,
+        chunk: list[tuple[int, int]],
+        sums: list[dict[str, torch.Tensor]],
+        kls: list[list[tuple[list[int], torch.Tensor]]],
+    ) -> torch.Tensor:
+        """The group's summed, weighted losses of one chunk of rows (``(k, i)``: sample ``i``
+        of agent ``group[k]``); each agent's loss statistics are added to ``sums[k]``."""
+        args, refs = self.args, self.reference_models
+        rows = [(k, samples[group[k]][i]) for k, i in chunk]
+        # A value head on the actor reads the trunk during this very scoring forward.
+        heads = HeadCaptures([self._head_on_actor(a) for a in group])
+        scored = self._joint_pass(group, rows, None if refs is None else refs[group[0]], heads)
+        device = scored.logprobs.device
+        positions = torch.tensor([len(s.prompt_ids) - 1 for _, s in rows], device=device)
+        total = scored.logprobs.new_zeros(())
+        for k, a in enumerate(group):
+            mine = scored.rows(k)
+            if not mine:
+                continue
+            picked = [rows[r][1] for r in mine]
+            # Alone (every row its own), the tensors are used as they are: no gathered copy.
+            sel = slice(None) if len(mine) == len(rows) else torch.tensor(mine, device=device)
+            captured = heads.captured[k]
+            losses = actor_losses(
+                picked, scored.logprobs[sel], scored.batch.completion_mask[sel], args,
+                old=None if old is None else [old[a][chunk[r][1]] for r in mine],
+                values=None if captured is None else captured.values(positions)[sel],
+                ref_logprobs=None if scored.reference is None else scored.reference[sel],
+            )  # fmt: skip
+            part = losses["policy_loss"]
+            if "value_loss" in losses:
+                part = part + args.value_loss_coef * losses["value_loss"]
+            kl = losses.pop("reference_kl", None)
+            if kl is not None:
+                part = part + args.reference_kl_coef * kl.mean()
+                kls[k].append(([s.turn for s in picked], kl.detach()))
+            weight = len(mine) / len(idx[k])
+            total = total + part * weight
+            for key, value in losses.items():
+                sums[k][key] = sums[k].get(key, 0.0) + value.detach() * weight
+        return total
+
+    def _head_on_actor(self, a: int) -> ValueModel | None:
+        critic = self.critics[self.critic_index(a)]
+        return critic if critic.shared and critic.model is self.agents[a].model else None
 
     def _critic_step(
         self, c: int, rows: list[RolloutSample], inputs: CriticInputs
@@ -331,7 +365,9 @@ class ActorCriticLearner:
                 [inputs[k] for k in local], encoder.pad_token_id, grad=True
             )
             index = torch.tensor([local[s.state_key] for s in chunk], device=state_values.device)
-            loss = self._value_loss(state_values[index], chunk) * (len(chunk) / len(rows))
+            loss = sample_value_loss(state_values[index], chunk, self.args.value_clip_range) * (
+                len(chunk) / len(rows)
+            )
             (self.args.value_loss_coef * loss).backward()
             loss_sum += float(loss.detach())
         grad_norm = clip_and_step(optimizer, self.args.max_grad_norm)
@@ -359,9 +395,3 @@ class ActorCriticLearner:
         for c, optimizer in enumerate(self.critic_optimizers):
             lrs = [args.critic_lr] * len(optimizer.param_groups)
             apply_learning_rates(optimizer, self.schedulers.get(f"critic_{c}"), lrs)
-
-
-def _token_batch(agent: LLMAgent, samples: Sequence[RolloutSample]) -> TokenBatch:
-    return build_batch(
-        [s.prompt_ids for s in samples], [s.completion_ids for s in samples], agent.pad_token_id
-    ).to(agent.device)

@@ -20,7 +20,7 @@ from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
 from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers, steps_per_round
 from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.functional.losses import kl_k3, policy_gradient_loss
-from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
+from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import (
@@ -178,7 +178,7 @@ class PolicyGradientLearner:
         """One optimizer step of each agent of ``group`` (adapters of one base) from passes that
         score every agent's rows together (``forward_batch_size`` rows each); each agent's loss
         is scaled exactly as in :meth:`step`, and its adapter receives only its own gradient."""
-        args, lead = self.args, self.agents[group[0]]
+        args, agents = self.args, [self.agents[a] for a in group]
         for a in group:
             self.optimizers[a].zero_grad(set_to_none=True)
         flat = [(k, s) for k, agent_rows in enumerate(rows) for s in agent_rows]
@@ -192,22 +192,16 @@ class PolicyGradientLearner:
         loss_sums, kls = [0.0] * len(group), [defaultdict(list) for _ in group]
         for start in range(0, len(flat), size):
             chunk = flat[start : start + size]
-            batch = build_batch(
-                [s.prompt_ids for _, s in chunk], [s.completion_ids for _, s in chunk],
-                lead.pad_token_id,
-            ).to(lead.device)  # fmt: skip
-            names = [self.agents[group[k]].adapter for k, _ in chunk]
-            # The group's one reference (the base, adapters off) in one pass, before the policy
-            # pass: leaving disable_adapter() re-freezes every adapter but the active one.
-            refs = self.reference_models
-            ref = None if refs is None else refs[group[0]].logprobs(batch)
-            for a in group:
-                for p in self.agents[a].trainable_parameters():
-                    p.requires_grad_(True)  # every adapter in the pass trains, not the active one
-            logprobs = lead.score(batch, adapter_names=names)
+            refs = self.reference_models  # the group's one reference: their base, adapters off
+            scored = joint_pass(
+                agents, [k for k, _ in chunk], [s.prompt_ids for _, s in chunk],
+                [s.completion_ids for _, s in chunk], None if refs is None else refs[group[0]],
+                prefix_sharing=args.prefix_sharing,
+            )  # fmt: skip
+            batch, logprobs, ref = scored.batch, scored.logprobs, scored.reference
             total = logprobs.new_zeros(())
             for k, a in enumerate(group):
-                idx = [i for i, (owner, _) in enumerate(chunk) if owner == k]
+                idx = scored.rows(k)
                 if not idx:
                     continue
                 mine = [chunk[i][1] for i in idx]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 # The run file's plan (sections checked, trainer built) lives in cli/plan.py; re-exported here.
+from cmlrl_agents.cli.adapters import describe_peft, load_adapter_folders
 from cmlrl_agents.cli.plan import (
     ALGORITHMS,
     BUILTIN_MODELS,
@@ -77,7 +78,7 @@ def _add_to_path(folder: Path) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        p = plan(_read(args))
+        p = plan(_read(args), source=args.config)
         _check_run_folder(p.config, args.resume)  # before any model is loaded
         trainer = build_trainer(p)
     model_dir = None if args.no_save_model else trainer.run_dir / "model"
@@ -130,13 +131,21 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     with _user_errors(args.debug):
-        p = plan(_read(args))
+        p = plan(_read(args), source=args.config)
         checkpoint, agent_dirs, run_dir = _evaluated_weights(args.checkpoint, p.config)
         output = args.output_dir or (run_dir / "eval" if run_dir is not None else None)
         p.config.output_dir = None if output is None else str(output)
         if p.task.eval_dataset is None:
             raise CLIError("the task has no eval dataset; give task.eval_dataset or test_size.")
-        trainer = build_trainer(p, use_wandb=False, agent_dirs=agent_dirs)
+        adapters = bool(agent_dirs) and (agent_dirs[0] / "adapter_config.json").is_file()
+        if adapters and p.peft is None:
+            raise CLIError(
+                f"{agent_dirs[0].parent} holds adapters (save_model of adapter agents); give "
+                "the run file's peft section they were trained with."
+            )
+        trainer = build_trainer(p, use_wandb=False, agent_dirs=() if adapters else agent_dirs)
+        if adapters:
+            load_adapter_folders(trainer.agents, agent_dirs)
         if checkpoint is not None:
             trainer.load_checkpoint(checkpoint)
         n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
@@ -195,7 +204,8 @@ def _evaluated_weights(
     agents = sorted(
         (d for d in path.glob("agent_*") if d.name[6:].isdigit()), key=lambda d: int(d.name[6:])
     )
-    if agents and all((d / "config.json").is_file() for d in agents):  # run/model from save_model
+    adapters = agents and all((d / "adapter_config.json").is_file() for d in agents)
+    if adapters or (agents and all((d / "config.json").is_file() for d in agents)):  # save_model
         if config.num_agents not in (None, len(agents)):
             raise CLIError(
                 f"{path} holds {len(agents)} agents, config.num_agents is {config.num_agents}."
@@ -214,8 +224,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             k: getattr(args, k) for k in ("task", "dataset", "reward", "formatters", "transition")
         }
         spec["task"] = task_from_flags(spec.get("task"), **flags)
-        p = plan(spec, need_model=False)
+        p = plan(spec, need_model=False, source=args.config or "the command line")
     report, ok = check_task_section(p.task, p.config)
+    if p.peft is not None:
+        print(describe_peft(p.peft))
     print(report)
     return 0 if ok else 1
 

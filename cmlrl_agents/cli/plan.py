@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cmlrl_agents.cli.adapters import peft_section
 from cmlrl_agents.cli.tasks import (
     SECTIONS,
     TRAINER_CALLBACKS,
@@ -74,10 +75,13 @@ class Plan:
     task: TaskSection
     model: dict[str, Any] | None
     wandb: dict[str, Any] | None
+    peft: Any = None
+    """The trainers' ``peft_config``: a ``peft.LoraConfig``, one per agent, or None."""
 
 
-def plan(spec: Mapping[str, Any], *, need_model: bool = True) -> Plan:
-    """Check every section of ``spec`` and resolve the task; loads no model."""
+def plan(spec: Mapping[str, Any], *, need_model: bool = True, source: str = "the run file") -> Plan:
+    """Check every section of ``spec`` (read from ``source``, named in errors) and resolve the
+    task; loads no model."""
     check_keys(spec, SECTIONS, "section")
     algorithm = spec.get("algorithm", "magrpo")
     cls = trainer_class(algorithm)
@@ -92,8 +96,16 @@ def plan(spec: Mapping[str, Any], *, need_model: bool = True) -> Plan:
         check_keys(wandb, WANDB_CONFIG_KEYS, "wandb key")
     model = _model_section(spec.get("model")) if need_model or "model" in spec else None
     p = Plan(algorithm, cls, config, task, model, None if wandb is None else dict(wandb))
+    p.peft = peft_section(spec.get("peft"), source, _model_count(p))
     _check_fit(p)
     return p
+
+
+def _model_count(p: Plan) -> int:
+    """How many models (agents) the trainer gets: one for a single-policy algorithm."""
+    if p.algorithm in SINGLE_POLICY_ALGORITHMS:
+        return 1
+    return p.config.num_agents or p.task.num_agents or 2
 
 
 def _check_fit(p: Plan) -> None:
@@ -138,13 +150,18 @@ def _model_section(section: Any) -> dict[str, Any]:
     return dict(section)
 
 
-def _models(name: str, count: int, model_config: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """Trainer arguments for ``count`` models named ``name``: built-in, hub id or folder."""
+def _models(
+    name: str, count: int, model_config: Mapping[str, Any], seed: int, *, one_base: bool = False
+) -> dict[str, Any]:
+    """Trainer arguments for ``count`` models named ``name``: built-in, hub id or folder
+    (``one_base``: adapter agents, so ``tiny`` is one model shared by the team)."""
     if name == "tiny":
         from cmlrl_agents.tiny_models import tiny_agent
 
         keys = ("chat_template", "system_prompt", "device")
         options = {k: model_config[k] for k in keys if k in model_config}
+        if one_base:
+            return {"agents": [tiny_agent(seed, **options)] * count}
         return {"agents": [tiny_agent(seed + i, **options) for i in range(count)]}
     if name == "smollm2":
         from cmlrl_agents.policies.agent import smollm2_path
@@ -171,7 +188,7 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
         models: dict[str, Any] = {"agents": [str(d) for d in agent_dirs]}
     else:
         count = 1 if roles else num_agents
-        models = _models(name, count, model_config, seed=0)
+        models = _models(name, count, model_config, seed=0, one_base=p.peft is not None)
     num_critics = _num_critics(p, num_agents)
     if num_critics:
         critic = _models(
@@ -185,6 +202,7 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
         eval_dataset=p.task.eval_dataset,
         wandb_config=p.wandb if use_wandb else None,
         args=p.config,
+        **({} if p.peft is None else {"peft_config": p.peft}),
         **p.task.callbacks,
     )
 

@@ -29,7 +29,7 @@ __all__ = [
     "resolve_import",
 ]
 
-SECTIONS = ("algorithm", "model", "task", "config", "wandb")
+SECTIONS = ("algorithm", "model", "task", "config", "peft", "wandb")
 
 
 class CLIError(Exception):

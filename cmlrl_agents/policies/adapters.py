@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,14 +23,18 @@ from torch import nn
 
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.model_setup import LOW_PRECISION
+from cmlrl_agents.policies.reference import Reference, reference_logprobs
+from cmlrl_agents.policies.tokens import TokenBatch, build_batch
 
 __all__ = [
+    "JointPass",
     "adapter_parameters",
     "attach_adapters",
     "check_peft_config",
     "checkpoint_models",
     "is_peft_model",
     "joint_groups",
+    "joint_pass",
     "same_device",
     "shared_groups",
 ]
@@ -159,3 +165,53 @@ def same_device(agents: Sequence[LLMAgent], devices: Sequence[torch.device] | No
                 "on one shared base held once in memory; give them one device, or pass one "
                 "model per agent (agents=[...]) to place them apart."
             )
+
+
+@dataclass(frozen=True)
+class JointPass:
+    """Rows of several agents scored together: ``logprobs[b]`` under row b's agent, and the
+    reference's log-probs of the same rows (None without a reference)."""
+
+    batch: TokenBatch
+    logprobs: torch.Tensor
+    reference: torch.Tensor | None
+    owners: tuple[int, ...]
+    """Per row: the position of its agent in the group that was scored."""
+
+    def rows(self, k: int) -> list[int]:
+        """The rows of the group's ``k``-th agent."""
+        return [i for i, owner in enumerate(self.owners) if owner == k]
+
+
+def joint_pass(
+    agents: Sequence[LLMAgent],
+    owners: Sequence[int],
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    reference: Reference | None = None,
+    *,
+    policy_context: AbstractContextManager[Any] | None = None,
+    prefix_sharing: bool = False,
+) -> JointPass:
+    """Score rows of ``agents`` (one agent, or adapter agents of one base from
+    :func:`joint_groups`) in one policy forward, row b under ``agents[owners[b]]``: a plain pass
+    for one agent, a mixed-adapter pass (peft's per-row ``adapter_names``) for several. The
+    group's one ``reference`` (their base with adapters off, or one agent's frozen copy) reads
+    the rows first, in its own pass; ``policy_context`` is entered around the policy forward
+    only (a value head capturing the trunk's hidden states); ``prefix_sharing`` goes to
+    :meth:`LLMAgent.score`."""
+    lead = agents[0]
+    batch = build_batch(prompt_ids, completion_ids, lead.pad_token_id).to(lead.device)
+    ref = None if reference is None else reference_logprobs(reference, batch).to(lead.device)
+    for agent in agents:
+        # Leaving disable_adapter() (the reference pass) re-freezes every adapter but the
+        # active one, and every adapter of a mixed pass trains.
+        for p in agent.trainable_parameters():
+            p.requires_grad_(True)
+    with policy_context or nullcontext():
+        if len(agents) == 1:
+            logprobs = lead.score(batch, prefix_sharing=prefix_sharing)
+        else:
+            names = [agents[k].adapter for k in owners]
+            logprobs = lead.score(batch, adapter_names=names, prefix_sharing=prefix_sharing)
+    return JointPass(batch, logprobs, ref, tuple(owners))

@@ -43,7 +43,13 @@ def resolve_devices(
 
 
 def check_available(device: torch.device, field: str) -> None:
-    """Refuse a CUDA or MPS device that this machine does not have."""
+    """Refuse a CUDA or MPS device that this machine does not have, and ``meta`` (tensors
+    without data: a model there could neither generate nor train)."""
+    if device.type == "meta":
+        raise ValueError(
+            f"{field} asks for meta, a device whose tensors hold no data, so a model there "
+            "can neither generate nor train; use 'cpu', 'cuda:0', ... or 'auto'."
+        )
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = 0 if device.index is None else device.index

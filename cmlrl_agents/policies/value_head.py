@@ -22,14 +22,14 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ValueHead", "ValueModel", "find_trunk"]
+__all__ = ["HeadCaptures", "ValueHead", "ValueModel", "find_trunk"]
 
 HEAD_FILE = "value_head.pt"
 HEAD_CONFIG_FILE = "value_head.json"
@@ -277,3 +277,23 @@ class _Captured:
             raise RuntimeError("no forward ran inside ValueModel.capture(); nothing to read.")
         rows = torch.arange(self.hidden.shape[0], device=self.hidden.device)
         return self.head(self.hidden[rows, positions.to(self.hidden.device)]).float()
+
+
+class HeadCaptures:
+    """:meth:`ValueModel.capture` of several heads (None: no head) as one context: one forward
+    of their shared trunk (a mixed-adapter pass) serves every head; ``captured[k]`` reads it."""
+
+    def __init__(self, heads: Sequence[ValueModel | None]) -> None:
+        self.heads = list(heads)
+        self.captured: list[_Captured | None] = [None] * len(self.heads)
+        self._stack = ExitStack()
+
+    def __enter__(self) -> HeadCaptures:
+        self.captured = [
+            None if head is None else self._stack.enter_context(head.capture())
+            for head in self.heads
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()

@@ -22,6 +22,11 @@ Why an all-reduce and not ``DistributedDataParallel``: the agents generate with 
 (``forward_batch_size``) whose count differs between ranks, and a rank with no item in a window
 has no forward at all, which DDP's hooks would wait for forever.
 
+Evaluation (:func:`cmlrl_agents.runs.evaluation.collect_eval_trees`): each rank rolls out one
+contiguous block of the eval items and every rank gathers all the trees, so the eval metrics are
+computed on the union (the one-process metrics, with deterministic generation); every rank must
+call ``evaluate()``.
+
 Only rank 0 writes: metric files, W&B, plots, rollout-tree pictures, checkpoints and
 ``save_model``; the others wait at a barrier so that nothing reads a half-written checkpoint.
 Resume: every rank loads the same checkpoint folder (a path all ranks can read: one machine or

@@ -1,13 +1,49 @@
-"""The standard evaluation metrics of SPEC §5 from one-sample-per-turn rollout trees (pure)."""
+"""Evaluation: the one-sample-per-turn rollout trees of the eval items (sharded over the ranks
+of a torchrun launch) and the standard metrics of SPEC §5 from them (pure)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from cmlrl_agents.functional.returns import ended_chain_returns
-from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.policies.agent import SamplingConfig
+from cmlrl_agents.policies.generation import GenerationBackend
+from cmlrl_agents.runs.distributed import DataParallel
+from cmlrl_agents.runs.rollout import GroupStepEnv, RolloutTree, collect_tree
 
-__all__ = ["eval_values", "mean_eval_metrics"]
+__all__ = ["collect_eval_trees", "eval_values", "mean_eval_metrics"]
+
+
+def collect_eval_trees(
+    env: GroupStepEnv,
+    agents: Sequence[Any],
+    items: Sequence[tuple[int, Mapping[str, Any]]],
+    batch_size: int,
+    sampling: Sequence[SamplingConfig],
+    backend: GenerationBackend,
+    parallel: DataParallel,
+) -> list[RolloutTree]:
+    """One response per agent per turn on ``items`` (``(index, item)``, eval order), rolled out
+    ``batch_size`` items per tree. Under torchrun each rank rolls out one contiguous block of
+    the items and every rank receives every rank's trees, in item order, so that the metrics
+    computed from them are the one-process metrics (with deterministic generation) and each
+    item is generated once. Every rank must call it (it gathers)."""
+    mine = parallel.shard(items, per_step=max(len(items), 1))
+    trees = [
+        collect_tree(
+            env,
+            agents,
+            [(item, index) for index, item in mine[start : start + batch_size]],
+            num_generations=1,
+            sampling=sampling,
+            backend=backend,
+        )
+        for start in range(0, len(mine), batch_size)
+    ]
+    return [tree for rank_trees in parallel.gather(trees) for tree in rank_trees]
 
 
 def mean_eval_metrics(

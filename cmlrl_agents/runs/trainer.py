@@ -25,11 +25,11 @@ from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.generation import GenerationBackend, make_backend
 from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_agents.runs.distributed import data_parallel, refuse_data_parallel
-from cmlrl_agents.runs.evaluation import mean_eval_metrics
+from cmlrl_agents.runs.evaluation import collect_eval_trees, mean_eval_metrics
 from cmlrl_agents.runs.logging import MetricsLogger, ProgressBar
 from cmlrl_agents.runs.metrics import reward_postfix
 from cmlrl_agents.runs.plotting import plot_metrics
-from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
+from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_agents.runs.run_dirs import default_run_dir, foreign_checkpoints, model_name, new_run_id
 from cmlrl_agents.runs.trainer_checks import (
     check_agent_sampling,
@@ -367,19 +367,11 @@ class TeamTrainer(RunMixin):
             raise ValueError(f"num_eval_samples must be a positive int, got {num_eval_samples!r}.")
         env = self.eval_env
         items = list(env.epoch_items(None, 0, num_eval_samples, name="eval_dataset"))
-        trees = []
-        for i in range(0, len(items), self.args.eval_batch_size):
-            chunk = [(item, index) for index, item in items[i : i + self.args.eval_batch_size]]
-            trees.append(
-                collect_tree(
-                    env,
-                    self.agents,
-                    chunk,
-                    num_generations=1,
-                    sampling=self.agent_sampling,
-                    backend=self.generation_backend,
-                )
-            )
+        # Under torchrun each rank rolls out its share of the items; all get all the trees.
+        trees = collect_eval_trees(
+            env, self.agents, items, self.args.eval_batch_size, self.agent_sampling,
+            self.generation_backend, data_parallel(),
+        )  # fmt: skip
         metrics = self._eval_metrics(trees)
         metrics.update({f"eval/{k}": v for k, v in self._custom_eval_metrics(trees).items()})
         self.logger.log_eval(metrics, self.env_step)

@@ -4,7 +4,8 @@
 
 Trains two scripted agents (real tiny models answering scripted texts: generation is
 deterministic) and writes ``params-rank<r>.pt`` (every agent's weights) and
-``metrics-rank<r>.json`` (the last round's metrics) into ``out``.
+``metrics-rank<r>.json`` (the last round's metrics; with ``eval_items`` the final evaluation's
+metrics and how many eval items this rank's reward function scored) into ``out``.
 """
 
 from __future__ import annotations
@@ -36,9 +37,22 @@ def detailed(prompt: str, g: int) -> str:
     return " ".join(WORDS[: 1 + (prompt.count("7") + 2 * g + len(prompt)) % len(WORDS)])
 
 
+CALLS = {"reward": 0}
+
+
 def ratio_reward(c1: list[str], c2: list[str]) -> list[float]:
+    CALLS["reward"] += 1  # once per item and turn (SPEC §4)
     ratios = [len(b) / max(len(a), 1) for a, b in zip(c1, c2, strict=True)]
     return [math.exp(-max(0.0, r - 3.0, 2.0 - r)) for r in ratios]
+
+
+def eval_logger(*, agent_completions_turns, batch_items, prompts) -> list[dict[str, float]]:
+    return [{"detailed_chars": float(len(turns[0]))} for turns in agent_completions_turns[1]]
+
+
+def eval_aggregator(rows: list[dict[str, float]], *, num_turns: int) -> dict[str, float]:
+    return {"detailed_chars": sum(r["detailed_chars"] for r in rows) / len(rows),
+            "rows": float(len(rows))}  # fmt: skip
 
 
 def main() -> None:
@@ -58,14 +72,25 @@ def main() -> None:
         prefix_sharing=spec.get("prefix_sharing", True),
     )  # fmt: skip
     data = Dataset.from_dict({"prompt": [f"task {i * 7}" for i in range(spec["items"])]})
-    trainer = MAGRPOTrainer(agents=agents, reward_func=ratio_reward, train_dataset=data, args=args)
+    num_eval = spec.get("eval_items", 0)
+    evals = {}
+    if num_eval:  # evaluated at items 0 and 4 of the epoch, and once more at the end
+        evals = {"eval_dataset": Dataset.from_dict({"prompt": [f"q {i}" for i in range(num_eval)]}),
+                 "eval_logger": eval_logger, "eval_aggregator": eval_aggregator}  # fmt: skip
+        args.eval_interval, args.eval_num_samples, args.eval_batch_size = 4, num_eval, 2
+    trainer = MAGRPOTrainer(
+        agents=agents, reward_func=ratio_reward, train_dataset=data, args=args, **evals
+    )
     last = trainer.train(resume_from_checkpoint="latest" if spec.get("resume") else None)
+    CALLS["reward"] = 0
+    final = trainer.evaluate(num_eval_samples=num_eval) if num_eval else {}
     rank = data_parallel().rank
     params = {f"agent_{i}.{n}": p.detach() for i, a in enumerate(agents)
               for n, p in a.model.named_parameters()}  # fmt: skip
     torch.save(params, out / f"params-rank{rank}.pt")
     state = {"last": last, "env_step": trainer.env_step, "items_seen": trainer.items_seen,
-             "world_size": data_parallel().world_size}  # fmt: skip
+             "world_size": data_parallel().world_size, "eval": final,
+             "eval_reward_calls": CALLS["reward"]}  # fmt: skip
     (out / f"metrics-rank{rank}.json").write_text(json.dumps(state))
     trainer.close()
 

@@ -195,7 +195,7 @@ def test_run_file_problems_exit_2(tmp_path, capsys):
     bad.write_text("algorithm: magrpo\nmodel: tiny\ntask: length_ratio\ntrainer: {}\n")
     code, _, err = run_cli(capsys, "train", bad)
     assert code == 2 and "unknown section of bad.yaml 'trainer'" in err
-    assert "valid: algorithm, model, task, config, wandb" in err
+    assert "valid: algorithm, model, task, config, peft, wandb" in err
     code, _, err = run_cli(capsys, "train", tmp_path / "missing.yaml")
     assert code == 2 and "not found" in err
     (tmp_path / "list.yaml").write_text("- 1\n")

@@ -32,7 +32,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(out: Path, nproc: int, **spec: object) -> None:
+def _launch(out: Path, nproc: int, launcher: str = "torchrun", **spec: object) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
@@ -40,6 +40,15 @@ def _launch(out: Path, nproc: int, **spec: object) -> None:
     arg = json.dumps({"out": str(out), "items": 8, **spec})
     if nproc == 1:
         cmd = [sys.executable, str(SCRIPT), arg]
+    elif launcher == "accelerate":
+        # accelerate's --cpu runs ONE process (its multi-CPU path is mpirun); --multi_gpu starts
+        # torch.distributed.run, which works without a GPU: the trainer then picks gloo. No
+        # config file is read (HF_HOME is the test's), so the flags are the whole launch.
+        env["HF_HOME"] = str(out / "hf_home")
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+               f"--num_processes={nproc}", "--num_machines=1", "--mixed_precision=no",
+               "--dynamo_backend=no", f"--main_process_port={_free_port()}",
+               str(SCRIPT), arg]  # fmt: skip
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={_free_port()}", str(SCRIPT), arg]  # fmt: skip
@@ -59,8 +68,8 @@ def _state(out: Path, rank: int) -> dict:
 def runs(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("dp")
     single, parallel = base / "single", base / "parallel"
-    _launch(single, 1)
-    _launch(parallel, 2, save_steps=4)
+    _launch(single, 1, eval_items=5)
+    _launch(parallel, 2, save_steps=4, eval_items=5)
     return {"single": single, "parallel": parallel, "base": base}
 
 
@@ -86,11 +95,47 @@ def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs
             assert state["last"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
     run = runs["parallel"] / "run"
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["env_step"] for line in lines] == [8, 16]  # one writer, 2 rounds
+    train = [e for e in map(json.loads, lines) if not any(k.startswith("eval/") for k in e)]
+    assert [e["env_step"] for e in train] == [8, 16]  # one writer, 2 rounds
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "checkpoint-4",
         "checkpoint-8",
     ]
+
+
+def test_evaluation_is_sharded_over_ranks_and_equals_one_process(runs) -> None:
+    """5 eval items: rank 0 generates and scores 3, rank 1 the other 2; every rank's metrics
+    (standard and eval_logger's) are those of the one process that scored all 5."""
+    one = _state(runs["single"], 0)
+    ranks = [_state(runs["parallel"], r) for r in (0, 1)]
+    assert one["eval_reward_calls"] == 5
+    assert [s["eval_reward_calls"] for s in ranks] == [3, 2]
+    assert one["eval"]["eval/rows"] == 5.0 and "eval/turn_1/reward_mean" in one["eval"]
+    for state in ranks:
+        assert state["eval"] == one["eval"]  # the same numbers, bit for bit
+
+    def eval_lines(out: Path) -> list[dict]:
+        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
+        return [e for e in map(json.loads, lines) if any(k.startswith("eval/") for k in e)]
+
+    # The evaluations during training too (items 0 and 4), logged once, by rank 0.
+    logged = eval_lines(runs["parallel"])
+    assert len(logged) == 3 and logged == eval_lines(runs["single"])
+
+
+def test_accelerate_launch_trains_like_torchrun_and_one_process(runs) -> None:
+    """``accelerate launch --multi_gpu --num_processes 2`` on CPU: 2 gloo ranks, the same
+    weights on both, equal to the one-process run, and the evaluation sharded 3 + 2."""
+    out = runs["base"] / "accelerate"
+    _launch(out, 2, launcher="accelerate", eval_items=5)
+    single = _params(runs["single"], 0)
+    ranks = [_params(out, r) for r in (0, 1)]
+    for name, value in single.items():
+        assert torch.equal(ranks[0][name], value) and torch.equal(ranks[1][name], value), name
+    states = [_state(out, r) for r in (0, 1)]
+    assert [s["world_size"] for s in states] == [2, 2]
+    assert [s["eval_reward_calls"] for s in states] == [3, 2]
+    assert all(s["eval"] == _state(runs["single"], 0)["eval"] for s in states)
 
 
 def test_resume_under_torchrun_restores_every_rank(runs) -> None:
