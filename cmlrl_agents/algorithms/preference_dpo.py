@@ -30,7 +30,7 @@ from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers
 from cmlrl_agents.functional.preference_losses import dpo_loss, dpo_margin_stats, joint_log_ratio
-from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
+from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_logprobs, reference_policies
@@ -111,19 +111,14 @@ class DPOLearner:
         n, joint = len(chunk), joint_groups(self.agents)
         out: list[Tensor] = [torch.empty(0)] * len(self.agents)
         for group in [*joint, *([a] for a in self._single_agents(joint))]:
-            lead = self.agents[group[0]]
             prompts, rows = [], []
             for a in group:
                 mine = [data.prompts[a][i] for i in chunk]
                 prompts += mine + mine
                 rows += [data.chosen[a][i] for i in chunk] + [data.rejected[a][i] for i in chunk]
-            batch = build_batch(prompts, rows, lead.pad_token_id).to(lead.device)
-            if len(group) == 1:
-                both = lead.score(batch).sum(dim=1).cpu()
-            else:
-                self._unfreeze(group)  # the pass trains every adapter in it, not the active one
-                names = [self.agents[a].adapter for a in group for _ in range(2 * n)]
-                both = lead.score(batch, adapter_names=names).sum(dim=1).cpu()
+            owners = [k for k in range(len(group)) for _ in range(2 * n)]
+            agents = [self.agents[a] for a in group]
+            both = joint_pass(agents, owners, prompts, rows).logprobs.sum(dim=1).cpu()
             for k, a in enumerate(group):
                 out[a] = both[2 * n * k : 2 * n * (k + 1)]
         # Activating one adapter froze the others of its base; their graphs are recorded, and

@@ -21,15 +21,6 @@ LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_d
 FORMATTERS = [tasks.brief_formatter, tasks.detailed_formatter]
 
 
-@pytest.fixture
-def base_folder(tmp_path: Path) -> Path:
-    tokenizer = tiny_tokenizer()
-    folder = tmp_path / "base"
-    tiny_model(len(tokenizer), 0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def iac_config(out: Path, **overrides) -> IACConfig:
     fields = dict(
         num_generations=3, max_new_tokens=4, rollout_buffer_size=2, eval_interval=0,

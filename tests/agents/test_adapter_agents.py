@@ -19,16 +19,6 @@ LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_d
 FORMATTERS = [tasks.brief_formatter, tasks.detailed_formatter]
 
 
-@pytest.fixture
-def base_folder(tmp_path: Path) -> Path:
-    """A tiny base model saved as a local folder, so ``agent_model=`` names it."""
-    tokenizer = tiny_tokenizer()
-    folder = tmp_path / "base"
-    tiny_model(len(tokenizer), 0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def make_trainer(base_folder: Path, out: Path, cls=MAGRPOTrainer, args=None, **kwargs):
     if args is None:
         args = MAGRPOConfig(

@@ -25,15 +25,6 @@ def lora(dropout: float = 0.0) -> LoraConfig:
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=dropout)
 
 
-@pytest.fixture
-def base_folder(tmp_path: Path) -> Path:
-    tokenizer = tiny_tokenizer()
-    folder = tmp_path / "base"
-    tiny_model(len(tokenizer), 0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def config(out: Path, **kw) -> MADPOConfig:
     defaults = dict(
         max_new_tokens=6, agent_learning_rate=1e-2, eval_interval=0, seed=0, output_dir=str(out)

@@ -192,15 +192,6 @@ def test_bad_rl_configs_are_refused():
         MARLHFConfig(reference_devices="cpu")
 
 
-@pytest.fixture
-def base_folder(tmp_path: Path) -> Path:
-    tokenizer = tiny_tokenizer()
-    folder = tmp_path / "base"
-    tiny_model(len(tokenizer), 0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_adapter_agents_train_in_the_rl_phase_over_one_base_and_the_reward_model_stays_apart(
     base_folder, tmp_path
 ):
