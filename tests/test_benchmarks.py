@@ -27,10 +27,62 @@ def bench():
 
 def test_learning_defaults_are_the_issue_settings(bench) -> None:
     args = bench["learning"].parse_args([])
-    assert (args.items, args.epochs, args.eval_repeats) == (8, 2, 4)
+    assert (args.items, args.epochs, args.eval_repeats, args.eval_every) == (8, 2, 8, 4)
     assert args.lr is None and args.comlrl_lr is None and args.only is None
+    assert args.budget_seconds is None and not args.match_comlrl_time and args.set == []
     short = bench["learning"].parse_args(["--items", "2", "--epochs", "1", "--only", "cmlrl"])
     assert (short.items, short.epochs, short.only) == (2, 1, "cmlrl")
+
+
+def test_learning_set_reads_json_values(bench) -> None:
+    args = bench["learning"].parse_args(["--set", "temperature=0.8", "--set", "top_k=null"])
+    assert args.set == [("temperature", 0.8), ("top_k", None)]
+
+
+def test_learning_refuses_a_comlrl_budget_without_comlrl(bench, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench["learning"].parse_args(["--only", "cmlrl", "--match-comlrl-time"])
+    assert "--match-comlrl-time runs comlrl first" in capsys.readouterr().err
+
+
+CURVE = [
+    {"rounds": 0, "items": 0, "train_s": 0.0, "train_cpu_s": 0.0, "reward": 0.40, "se": 0.1},
+    {"rounds": 1, "items": 4, "train_s": 90.0, "train_cpu_s": 80.0, "reward": 0.70, "se": 0.1},
+    {"rounds": 2, "items": 8, "train_s": 190.0, "train_cpu_s": 160.0, "reward": 0.80, "se": 0.1},
+]
+
+
+def test_learning_targets_read_the_curve(bench) -> None:
+    learning = bench["learning"]
+    # The first evaluation at or above the reward; None when no evaluation reaches it.
+    assert learning.time_to_reach(CURVE, 0.7)["rounds"] == 1
+    assert learning.time_to_reach(CURVE, 0.81) is None
+    # The last evaluation trained no longer than the given time, on the named clock.
+    assert learning.reward_at(CURVE, 170.0, "train_cpu_s")["reward"] == 0.80
+    assert learning.reward_at(CURVE, 170.0, "train_s")["reward"] == 0.70
+
+
+def test_learning_curve_on_a_tiny_model(bench, tmp_path: Path, capsys) -> None:
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    common = ["--model", str(tmp_path), "--only", "cmlrl", "--items", "4", "--epochs", "2"]
+    common += ["--threads", "1", "--eval-repeats", "2", "--lr", "0.05"]
+    common += ["--set", "rollout_buffer_size=2"]
+    every = bench["learning"].main([*common, "--eval-every", "2", "--yardstick", "0.9", "50"])
+    ours = every["cmlrl"]["curve"]
+    # Evaluations before each round (2 items, rollout_buffer_size 2) and one after training.
+    assert [p["items"] for p in ours] == [0, 2, 4, 6, 8]
+    assert [p["rounds"] for p in ours] == [0, 1, 2, 3, 4]
+    times = [p["train_cpu_s"] for p in ours]
+    assert times == sorted(times)
+    assert ours[-1]["reward"] != ours[0]["reward"]  # it trained: the weights changed
+    assert "time to reach comlrl's final reward 0.900" in capsys.readouterr().out
+    # Evaluation samples from its own seed: evaluating less often leaves training, and so the
+    # final evaluation, unchanged.
+    sparse = bench["learning"].main([*common, "--eval-every", "4"])
+    assert [p["items"] for p in sparse["cmlrl"]["curve"]] == [0, 4, 8]
+    assert sparse["cmlrl"]["after"] == every["cmlrl"]["after"]
 
 
 @pytest.mark.parametrize("module", ["learning", "floor"])

@@ -148,7 +148,7 @@ def test_a_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
         num_generations=2,
         max_new_tokens=6,
         eval_interval=0,
-        agent_learning_rate=5e-6,  # the default: far below half a bf16 ulp of most weights
+        agent_learning_rate=5e-6,  # comlrl's default: far below half a bf16 ulp of most weights
         output_dir=str(tmp_path / "run"),
         verbose=False,
     )
