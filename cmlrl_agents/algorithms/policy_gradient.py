@@ -204,7 +204,7 @@ class PolicyGradientLearner:
             for a in group:
                 for p in self.agents[a].trainable_parameters():
                     p.requires_grad_(True)  # every adapter in the pass trains, not the active one
-            logprobs = lead.score(batch, adapter_names=names)
+            logprobs = lead.score(batch, adapter_names=names, prefix_sharing=args.prefix_sharing)
             total = logprobs.new_zeros(())
             for k, a in enumerate(group):
                 idx = [i for i, (owner, _) in enumerate(chunk) if owner == k]

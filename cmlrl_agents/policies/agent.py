@@ -36,7 +36,6 @@ from cmlrl_agents.policies.tokens import (
     completion_lists,
     completion_mask_from_generated,
     left_pad,
-    sequence_logprobs,
 )
 
 __all__ = [
@@ -350,12 +349,14 @@ class LLMAgent:
     ) -> Tensor:
         """``[B, L]`` completion log-probs of a built batch (the learners' one scoring call)
         under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each row
-        under its own (``adapter_names``: one plain pass, in eval mode as peft requires)."""
+        under its own (``adapter_names``: a mixed-adapter pass, in eval mode as peft requires)."""
         if adapter_names is None:
             self.activate()
             return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
         with eval_mode(self.model):
-            return sequence_logprobs(self.model, batch, chunk=chunk, adapter_names=adapter_names)
+            return scorer(prefix_sharing)(
+                self.model, batch, chunk=chunk, adapter_names=adapter_names
+            )
 
     @classmethod
     def from_pretrained(

@@ -109,6 +109,58 @@ def test_lora_model_gradients_equal_the_unshared_pass() -> None:
         assert torch.allclose(shared_grad[name], plain_grad[name], atol=1e-5, rtol=1e-4), name
 
 
+def _two_adapter_model(peft):
+    """Two different random LoRA adapters on one tiny base (a shared base of two agents)."""
+    config = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(7)
+    model = peft.get_peft_model(tiny_model(VOCAB, seed=2), peft.LoraConfig(**config), "agent_0")
+    model.add_adapter("agent_1", peft.LoraConfig(**config))
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)  # both adapters train in a mixed pass
+    return model.eval()  # peft refuses adapter_names in training mode
+
+
+def test_mixed_adapter_batch_shares_prompts_per_adapter_with_equal_gradients() -> None:
+    """The same prompt under two adapters is two groups (their keys and values differ); the
+    shared pass equals the unshared mixed-adapter pass in log-probs and in both adapters'
+    gradients."""
+    peft = pytest.importorskip("peft")
+    model = _two_adapter_model(peft)
+    prompts, completions = _rows([(6, [3, 5, 2, 4]), (6, [4, 1, 3, 2]), (9, [2, 6])], seed=3)
+    prompts[4:8] = prompts[:4]  # rows 4..7: agent_1 answers agent_0's prompt
+    names = ["agent_0"] * 4 + ["agent_1"] * 4 + ["agent_0"] * 2
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    groups = prompt_groups(batch, names)
+    assert groups.group == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert groups.names == ["agent_0", "agent_1", "agent_0"]
+    assert groups.prompts[0] == groups.prompts[1]
+    weights = torch.linspace(-1.0, 2.0, len(prompts))
+
+    def plain(m, b):
+        return sequence_logprobs(m, b, adapter_names=names)
+
+    def shared(m, b):
+        return prefix_shared_logprobs(m, b, adapter_names=names)
+
+    plain_lp, plain_grad = _scored(model, batch, plain, weights)
+    shared_lp, shared_grad = _scored(model, batch, shared, weights)
+    # The adapters differ: one prompt's rows score differently under each.
+    assert not torch.allclose(plain_lp[0], plain_lp[4])
+    assert torch.allclose(shared_lp, plain_lp, atol=1e-5, rtol=0)
+    for adapter in ("agent_0", "agent_1"):
+        mine = [n for n in plain_grad if f".{adapter}." in n]
+        assert mine and any(bool(plain_grad[n].abs().sum() > 0) for n in mine), adapter
+        for name in mine:
+            assert torch.allclose(shared_grad[name], plain_grad[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_adapter_names_must_name_every_row() -> None:
+    prompts, completions = _rows([(3, [2, 2])])
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    with pytest.raises(ValueError, match="adapter_names has 1 names for a batch of 2 rows"):
+        prompt_groups(batch, ["agent_0"])
+
+
 def test_gradient_checkpointing_without_cache_is_refused_with_the_fix() -> None:
     model = tiny_model(VOCAB, seed=0)
     model.gradient_checkpointing_enable()
