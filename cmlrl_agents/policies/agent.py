@@ -29,7 +29,7 @@ from cmlrl_agents.policies.model_setup import (
     fp32_master_weights,
     only_our_generation_settings,
 )
-from cmlrl_agents.policies.prefix_scoring import scorer
+from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
 from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
@@ -305,7 +305,6 @@ class LLMAgent:
         sampling: SamplingConfig,
         adapter_names: Sequence[str] | None,
     ) -> tuple[Tensor, Tensor]:
-        device = self.device
         extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
         self.activate()
         # eval: no dropout while sampling, and peft's mixed-adapter batches require it.
@@ -315,8 +314,7 @@ class LLMAgent:
             only_our_generation_settings(self.model),
         ):
             generated = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
+                **generate_inputs(self.model, input_ids, attention_mask, adapter_names),
                 pad_token_id=self.pad_token_id,
                 eos_token_id=sorted(self.eos_token_ids),
                 return_dict_in_generate=False,
@@ -354,9 +352,8 @@ class LLMAgent:
             self.activate()
             return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
         with eval_mode(self.model):
-            return scorer(prefix_sharing)(
-                self.model, batch, chunk=chunk, adapter_names=adapter_names
-            )
+            score = scorer(prefix_sharing)
+            return score(self.model, batch, chunk=chunk, adapter_names=adapter_names)
 
     @classmethod
     def from_pretrained(

@@ -38,7 +38,14 @@ from cmlrl_agents.policies.tokens import (
     sequence_logprobs,
 )
 
-__all__ = ["PromptGroups", "prefix_shared_logprobs", "prompt_groups", "scorer"]
+__all__ = [
+    "PromptGroups",
+    "generate_inputs",
+    "prefix_shared_logprobs",
+    "prompt_groups",
+    "scorer",
+    "shared_prompt_cache",
+]
 
 Scorer = Callable[..., Tensor]
 
@@ -221,3 +228,64 @@ def _continuation_logprobs(
         position_ids=positions, cache=cache,
     )  # fmt: skip
     return _gather_logprobs(logits, ids[:, 1:], chunk)
+
+
+def shared_prompt_cache(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    adapter_names: Sequence[str] | None = None,
+) -> dict[str, Cache]:
+    """Generation's prompt pass shared by the G samples of a prompt: ``generate`` keywords.
+
+    ``input_ids`` is the left-padded batch about to be given to ``generate`` (a prompt repeated
+    once per sample). Each distinct row (under its adapter) runs once, all columns but the last,
+    with the position ids ``generate`` gives them; its cache is gathered to one row per sample,
+    so ``generate`` runs only the last prompt column and then samples as usual. Returns ``{}``
+    (``generate`` runs the whole prompt) when no row repeats or the model takes no cache.
+    Call under ``torch.inference_mode()``.
+    """
+    names = [None] * len(input_ids) if adapter_names is None else list(adapter_names)
+    index: dict[tuple[str | None, tuple[int, ...]], int] = {}
+    rows = zip(names, input_ids.tolist(), strict=True)
+    owner = [index.setdefault((name, tuple(row)), len(index)) for name, row in rows]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        params = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    keyword = _cache_keyword(model)
+    if len(index) == len(owner) or input_ids.shape[1] < 2 or keyword not in params:
+        return {}
+    first = torch.tensor([owner.index(u) for u in range(len(index))], device=input_ids.device)
+    # generate's own positions (pads at 1), so the cached columns match an unshared prompt pass.
+    positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    kwargs: dict[str, Any] = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    if adapter_names is not None:
+        kwargs["adapter_names"] = [names[int(i)] for i in first]
+    cache = DynamicCache()
+    model(
+        input_ids=input_ids[first, :-1], attention_mask=attention_mask[first, :-1],
+        position_ids=positions[first, :-1], use_cache=True, **{keyword: cache}, **kwargs,
+    )  # fmt: skip
+    if cache.get_seq_length() != input_ids.shape[1] - 1:
+        return {}  # the model kept no cache: generate runs the whole prompt
+    cache.batch_select_indices(torch.tensor(owner, device=input_ids.device))
+    return {keyword: cache}
+
+
+def generate_inputs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    adapter_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """``generate``'s prompt keywords on the model's device: ``input_ids``, ``attention_mask``
+    and, where a prompt repeats (its G samples), the cache of :func:`shared_prompt_cache`."""
+    device = next(model.parameters()).device
+    ids, mask = input_ids.to(device), attention_mask.to(device)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        **shared_prompt_cache(model, ids, mask, adapter_names),
+    }
