@@ -214,6 +214,8 @@ def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[s
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    for values in CPU.values():  # a second main() in one process starts afresh
+        values.clear()
     from cmlrl_agents import smollm2_path
     from cmlrl_agents.runs.rollout import collect_tree
 
