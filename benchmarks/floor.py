@@ -3,7 +3,9 @@
 The floor is the least code that does one round's work: per agent one batched ``generate`` of
 the N chat-templated prompts x G samples, the seed's length-ratio reward, group-normalised
 advantages, one padded forward with gradients over the N x G sequences, backward, gradient
-clipping and one AdamW step; no cmlrl code. Ours is ``MAGRPOTrainer`` with
+clipping and one AdamW step; no cmlrl code. ``--setup lora`` does the same with one frozen base
+and a LoRA adapter per agent (peft: ``set_adapter`` before each agent's generate and step, AdamW
+over that adapter) against ours with the same ``peft_config``. Ours is ``MAGRPOTrainer`` with
 ``rollout_buffer_size = N``, so one ``train()`` of one epoch over the N items is one round.
 Both force every completion to ``--tokens`` tokens (``min_new_tokens = max_new_tokens``) and
 sample with our default settings, so they do the same work. They run alternately in one
@@ -12,9 +14,11 @@ pays one-time costs such as AdamW's state allocation).
 
     python benchmarks/floor.py                   # 2 agents, G=4, 4 items, 48 tokens, SmolLM2
     python benchmarks/floor.py --items 2 --tokens 16 --repeats 1
+    python benchmarks/floor.py --setup lora
 
 Prints the floor's seconds per round, ours (the whole ``train()`` call, and the round alone:
-``collect_tree`` plus ``learner.update``) and the ratio to the floor (target: within 1.2x).
+``collect_tree`` plus ``learner.update``) and the ratio to the floor (target: within 1.2x), in
+wall seconds and in process CPU seconds (the figure to trust on a shared machine).
 """
 
 from __future__ import annotations
@@ -38,6 +42,19 @@ if TYPE_CHECKING:  # imported lazily: parsing the arguments needs no trainer
 
 FORMATTERS = (tasks.brief_formatter, tasks.detailed_formatter)
 SAMPLING = {"do_sample": True, "temperature": 0.6, "top_p": 0.6, "top_k": 50}  # our defaults
+ADAPTERS = ("agent_0", "agent_1")
+
+
+def lora_config():
+    """The adapter set-up of benchmarks/vs_comlrl.py (r = 16 over q/k/v/o)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    )
 
 
 def chat_ids(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -88,8 +105,13 @@ def policy_step(model, optimizer, ids, mask, tokens: int, advantages: torch.Tens
 
 
 def floor_round(models, optimizers, tokenizer, items: list[dict], g: int, tokens: int) -> None:
+    """One round; ``models`` holds one model per agent, or (lora) the one base for both."""
     sequences, texts = [], []
-    for model, fmt in zip(models, FORMATTERS, strict=True):
+    lora = len(models) == 1
+    models = [models[0]] * len(FORMATTERS) if lora else models
+    for a, (model, fmt) in enumerate(zip(models, FORMATTERS, strict=True)):
+        if lora:
+            model.set_adapter(ADAPTERS[a])
         prompts = chat_ids(tokenizer, [fmt(item) for item in items])
         ids, mask = sample(model, tokenizer, prompts, g, tokens)
         sequences.append((ids, mask))
@@ -97,13 +119,21 @@ def floor_round(models, optimizers, tokenizer, items: list[dict], g: int, tokens
     rows = [item for item in items for _ in range(g)]
     rewards = torch.tensor(tasks.length_ratio_reward(*texts, batch_items=rows)).view(-1, g)
     adv = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-8)
-    for model, optimizer, (ids, mask) in zip(models, optimizers, sequences, strict=True):
+    steps = zip(models, optimizers, sequences, strict=True)
+    for a, (model, optimizer, (ids, mask)) in enumerate(steps):
+        if lora:
+            model.set_adapter(ADAPTERS[a])
         policy_step(model, optimizer, ids, mask, tokens, adv.reshape(-1))
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+CPU: dict[str, list[float]] = {"floor": [], "train": [], "round": []}
+"""Process CPU seconds of each timed call: the figure to compare on a shared machine."""
+
+
+def timed(fn: Callable[[], object], name: str) -> float:
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
+    CPU[name].append(time.process_time() - cpu)
     return time.perf_counter() - start
 
 
@@ -112,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=4, help="task items in the round (N)")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--setup", choices=["full", "lora"], default="full")
     parser.add_argument("--model", help="model folder (default: the local SmolLM2-135M-Instruct)")
     args = parser.parse_args(argv)
     for name in ("items", "tokens", "repeats"):
@@ -120,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_ours(model_dir: str, data: Dataset, tokens: int, out: str) -> MAGRPOTrainer:
+def build_ours(model_dir: str, data: Dataset, tokens: int, out: str, lora: bool) -> MAGRPOTrainer:
     """Our trainer for the same round: ``rollout_buffer_size`` = N, so one epoch is one round."""
     from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
 
@@ -142,24 +173,49 @@ def build_ours(model_dir: str, data: Dataset, tokens: int, out: str) -> MAGRPOTr
         reward_func=tasks.length_ratio_reward,
         train_dataset=data,
         args=config,
+        peft_config=lora_config() if lora else None,
     )
+
+
+def floor_models(model_dir: str, lora: bool) -> tuple[list, list[torch.optim.Optimizer]]:
+    """Two full models and their AdamW, or one base with two adapters and one AdamW each."""
+    if not lora:
+        models = [AutoModelForCausalLM.from_pretrained(model_dir) for _ in FORMATTERS]
+        return models, [torch.optim.AdamW(m.parameters(), lr=5e-6) for m in models]
+    from peft import get_peft_model
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir), lora_config(), ADAPTERS[0]
+    )
+    model.add_adapter(ADAPTERS[1], lora_config())
+    params = [[p for n, p in model.named_parameters() if f".{a}." in n] for a in ADAPTERS]
+    for group in params:
+        for p in group:
+            p.requires_grad_(True)  # set_adapter freezes the inactive adapter; each trains
+    return [model], [torch.optim.AdamW(group, lr=1e-4) for group in params]
 
 
 def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[str, float]) -> None:
     print(
-        f"2 agents, G=4, {args.items} items, {args.tokens} forced tokens, "
+        f"{args.setup}: 2 agents, G=4, {args.items} items, {args.tokens} forced tokens, "
         f"{torch.get_num_threads()} threads, best of {args.repeats} (all: "
         + ", ".join(f"{k} {[round(v, 1) for v in vs]}" for k, vs in times.items())
         + ")"
     )
-    print(f"floor (transformers only)    {best['floor']:8.2f} s/round")
+    cpu = {name: min(values) for name, values in CPU.items() if values}
+    print(f"floor (transformers only)    {best['floor']:8.2f} s/round  (cpu {cpu['floor']:.2f} s)")
     for name, label in (("train", "train() of one round"), ("round", "collect_tree + update")):
-        ratio = best[name] / best["floor"]
-        print(f"ours, {label:22s} {best[name]:8.2f} s  {ratio:.2f}x the floor")
+        ratio, cpu_ratio = best[name] / best["floor"], cpu[name] / cpu["floor"]
+        print(
+            f"ours, {label:22s} {best[name]:8.2f} s  {ratio:.2f}x the floor  "
+            f"(cpu {cpu[name]:.2f} s, {cpu_ratio:.2f}x)"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    for values in CPU.values():  # a second main() in one process starts afresh
+        values.clear()
     from cmlrl_agents import smollm2_path
     from cmlrl_agents.runs.rollout import collect_tree
 
@@ -168,10 +224,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     data = tasks.length_ratio_dataset().select([i % 10 for i in range(args.items)])
     items = [dict(row) for row in data]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    models = [AutoModelForCausalLM.from_pretrained(model_dir) for _ in FORMATTERS]
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=5e-6) for m in models]
+    models, optimizers = floor_models(model_dir, args.setup == "lora")
     with tempfile.TemporaryDirectory() as out:
-        trainer = build_ours(model_dir, data, args.tokens, out)
+        trainer = build_ours(model_dir, data, args.tokens, out, args.setup == "lora")
         times: dict[str, list[float]] = {"floor": [], "train": [], "round": []}
 
         def one_train() -> None:
@@ -193,10 +248,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         for _ in range(args.repeats):
             times["floor"].append(
-                timed(lambda: floor_round(models, optimizers, tokenizer, items, 4, args.tokens))
+                timed(
+                    lambda: floor_round(models, optimizers, tokenizer, items, 4, args.tokens),
+                    "floor",
+                )
             )
-            times["train"].append(timed(one_train))
-            times["round"].append(timed(one_round))
+            times["train"].append(timed(one_train, "train"))
+            times["round"].append(timed(one_round, "round"))
         trainer.close()
     best = {name: min(values) for name, values in times.items()}
     report(args, times, best)

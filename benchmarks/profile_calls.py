@@ -14,6 +14,7 @@ seconds and counts are the figures to compare; run the two trees side by side on
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import runpy
 import sys
@@ -56,6 +57,9 @@ def wrap_forward(model_class: type) -> None:
     """Time ``model_class.forward`` by mode; record the shapes of the non-generation passes."""
     original: Callable[..., Any] = model_class.forward
 
+    # wraps: the library reads the forward's signature (logits_to_keep, the cache keyword); a
+    # bare (*args, **kwargs) wrapper would turn those paths off and profile another program.
+    @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
         ids = kwargs.get("input_ids", args[0] if args else None)

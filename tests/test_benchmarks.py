@@ -98,16 +98,19 @@ def test_vs_comlrl_uses_the_shared_helpers(bench) -> None:
     assert bench["vs_comlrl"].run is helpers.run_child
 
 
-def test_floor_runs_one_round_of_each_on_a_tiny_model(bench, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("setup", ["full", "lora"])
+def test_floor_runs_one_round_of_each_on_a_tiny_model(
+    bench, tmp_path: Path, capsys, setup: str
+) -> None:
     tokenizer = tiny_tokenizer()
     tiny_model(len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    best = bench["floor"].main(
-        ["--model", str(tmp_path), "--items", "2", "--tokens", "3", "--repeats", "1"]
-    )
+    argv = ["--model", str(tmp_path), "--items", "2", "--tokens", "3", "--repeats", "1"]
+    best = bench["floor"].main([*argv, "--setup", setup])
     assert set(best) == {"floor", "train", "round"}
     assert all(seconds > 0 for seconds in best.values())
-    assert "x the floor" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "x the floor" in out and out.startswith(f"{setup}: 2 agents")
 
 
 def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:

@@ -29,14 +29,13 @@ from cmlrl_agents.policies.model_setup import (
     fp32_master_weights,
     only_our_generation_settings,
 )
-from cmlrl_agents.policies.prefix_scoring import scorer
+from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
 from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
     completion_lists,
     completion_mask_from_generated,
     left_pad,
-    sequence_logprobs,
 )
 
 __all__ = [
@@ -306,7 +305,6 @@ class LLMAgent:
         sampling: SamplingConfig,
         adapter_names: Sequence[str] | None,
     ) -> tuple[Tensor, Tensor]:
-        device = self.device
         extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
         self.activate()
         # eval: no dropout while sampling, and peft's mixed-adapter batches require it.
@@ -316,8 +314,7 @@ class LLMAgent:
             only_our_generation_settings(self.model),
         ):
             generated = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
+                **generate_inputs(self.model, input_ids, attention_mask, adapter_names),
                 pad_token_id=self.pad_token_id,
                 eos_token_id=sorted(self.eos_token_ids),
                 return_dict_in_generate=False,
@@ -350,12 +347,13 @@ class LLMAgent:
     ) -> Tensor:
         """``[B, L]`` completion log-probs of a built batch (the learners' one scoring call)
         under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each row
-        under its own (``adapter_names``: one plain pass, in eval mode as peft requires)."""
+        under its own (``adapter_names``: a mixed-adapter pass, in eval mode as peft requires)."""
         if adapter_names is None:
             self.activate()
             return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
         with eval_mode(self.model):
-            return sequence_logprobs(self.model, batch, chunk=chunk, adapter_names=adapter_names)
+            score = scorer(prefix_sharing)
+            return score(self.model, batch, chunk=chunk, adapter_names=adapter_names)
 
     @classmethod
     def from_pretrained(

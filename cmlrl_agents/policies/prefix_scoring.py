@@ -15,13 +15,16 @@ signature and result, so the learner swaps one for the other on a config switch
 
 The prompt's keys and values are computed once per distinct prompt instead of once per
 completion, with autograd through the cache; log-probs and gradients equal the unshared pass up
-to float rounding (``tests/agents/test_prefix_scoring.py``).
+to float rounding (``tests/agents/test_prefix_scoring.py``). In a mixed-adapter batch
+(``adapter_names``: adapter agents of one base scored together) a prompt is shared only by rows
+of one adapter: the same text under another adapter has other keys and values.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,14 +38,22 @@ from cmlrl_agents.policies.tokens import (
     sequence_logprobs,
 )
 
-__all__ = ["PromptGroups", "prefix_shared_logprobs", "prompt_groups", "scorer"]
+__all__ = [
+    "PromptGroups",
+    "generate_inputs",
+    "prefix_shared_logprobs",
+    "prompt_groups",
+    "scorer",
+    "shared_prompt_cache",
+]
 
 Scorer = Callable[..., Tensor]
 
 
 def scorer(prefix_sharing: bool) -> Scorer:
     """The learner's scoring function: prefix-shared or the plain padded forward (both take
-    ``(model, batch, *, chunk=None)`` and return the same ``[B, L]`` log-probs)."""
+    ``(model, batch, *, chunk=None, adapter_names=None)`` and return the same ``[B, L]``
+    log-probs)."""
     return prefix_shared_logprobs if prefix_sharing else sequence_logprobs
 
 
@@ -50,10 +61,11 @@ class PromptGroups:
     """The rows of a :class:`TokenBatch` grouped by identical prompt (first-seen order).
 
     ``prompt_len[b]`` is where row ``b``'s completion starts, ``length[b]`` its real length,
-    ``group[b]`` the index of its prompt in ``prompts``.
+    ``group[b]`` the index of its prompt in ``prompts``. With ``adapter_names`` (one per row) a
+    group is one prompt under one adapter, and ``names[u]`` is prompt ``u``'s adapter.
     """
 
-    def __init__(self, batch: TokenBatch) -> None:
+    def __init__(self, batch: TokenBatch, adapter_names: Sequence[str] | None = None) -> None:
         mask = batch.completion_mask.bool()
         self.length: list[int] = batch.attention_mask.sum(dim=1).tolist()
         has = mask.any(dim=1)
@@ -61,11 +73,18 @@ class PromptGroups:
         starts = torch.where(has, first, torch.tensor(self.length, device=first.device))
         self.prompt_len: list[int] = starts.tolist()
         rows = batch.input_ids.tolist()
-        index: dict[tuple[int, ...], int] = {}
+        if adapter_names is not None and len(adapter_names) != len(rows):
+            raise ValueError(
+                f"adapter_names has {len(adapter_names)} names for a batch of {len(rows)} rows; "
+                "pass one adapter name per row"
+            )
+        names = [None] * len(rows) if adapter_names is None else list(adapter_names)
+        index: dict[tuple[str | None, tuple[int, ...]], int] = {}
         self.group: list[int] = []
-        for row, n_p in zip(rows, self.prompt_len, strict=True):
-            self.group.append(index.setdefault(tuple(row[:n_p]), len(index)))
-        self.prompts: list[tuple[int, ...]] = list(index)
+        for row, n_p, name in zip(rows, self.prompt_len, names, strict=True):
+            self.group.append(index.setdefault((name, tuple(row[:n_p])), len(index)))
+        self.prompts: list[tuple[int, ...]] = [prompt for _, prompt in index]
+        self.names: list[str | None] = [name for name, _ in index]
 
     @property
     def shares(self) -> bool:
@@ -73,9 +92,9 @@ class PromptGroups:
         return len(self.prompts) < len(self.group)
 
 
-def prompt_groups(batch: TokenBatch) -> PromptGroups:
-    """The batch's rows grouped by prompt (see :class:`PromptGroups`)."""
-    return PromptGroups(batch)
+def prompt_groups(batch: TokenBatch, adapter_names: Sequence[str] | None = None) -> PromptGroups:
+    """The batch's rows grouped by prompt (and adapter; see :class:`PromptGroups`)."""
+    return PromptGroups(batch, adapter_names)
 
 
 def _left_padded(
@@ -104,12 +123,18 @@ def _cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in names else "past_key_values"
 
 
+def _names(names: Sequence[str | None]) -> list[str] | None:
+    """peft's per-row ``adapter_names``, or None for a batch without them."""
+    return None if any(n is None for n in names) else [str(n) for n in names]
+
+
 def _forward(
-    model: nn.Module, keep: int, cache: Cache, **inputs: Tensor
+    model: nn.Module, keep: int, adapter_names: list[str] | None, cache: Cache, **inputs: Tensor
 ) -> tuple[Tensor, Cache | None]:
-    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    if adapter_names is not None:
+        kwargs["adapter_names"] = adapter_names
     out = model(use_cache=True, **{_cache_keyword(model): cache}, **inputs, **kwargs)
-    # ``.get`` of the old name warns on 5.24, so it is looked up only where "cache" is absent.
     # ``.get`` of the old name warns on 5.24, so it is looked up only where "cache" is absent.
     returned = out["cache"] if "cache" in out else out.get("past_key_values")
     expected = inputs["attention_mask"].shape[1]  # type: ignore[union-attr]
@@ -125,16 +150,20 @@ def _forward(
 
 
 def prefix_shared_logprobs(
-    model: nn.Module, batch: TokenBatch, *, chunk: int | None = None
+    model: nn.Module,
+    batch: TokenBatch,
+    *,
+    chunk: int | None = None,
+    adapter_names: Sequence[str] | None = None,
 ) -> Tensor:
     """Per-token log-probs of ``batch`` like :func:`~cmlrl_agents.policies.tokens.sequence_logprobs`
     (same arguments, same float32 ``[B, L]`` result, 0 off the completion mask), each distinct
-    prompt run once (see the module docstring). A batch without a repeated prompt takes the
-    unshared path: there is nothing to share.
+    prompt (of each adapter, with ``adapter_names``) run once (see the module docstring). A batch
+    without a repeated prompt takes the unshared path: there is nothing to share.
     """
-    groups = prompt_groups(batch)
+    groups = prompt_groups(batch, adapter_names)
     if not groups.shares:
-        return sequence_logprobs(model, batch, chunk=chunk)
+        return sequence_logprobs(model, batch, chunk=chunk, adapter_names=adapter_names)
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
     if min(groups.prompt_len) < 1:
@@ -146,8 +175,8 @@ def prefix_shared_logprobs(
     device = batch.input_ids.device
     ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id
     first_logits, cache = _forward(
-        model, 1, input_ids=ids, attention_mask=attn, position_ids=positions,
-        cache=DynamicCache(),
+        model, 1, _names(groups.names), input_ids=ids, attention_mask=attn,
+        position_ids=positions, cache=DynamicCache(),
     )  # fmt: skip
     group = torch.tensor(groups.group, device=device)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
@@ -189,12 +218,74 @@ def _continuation_logprobs(
         ids[r, : n - p] = batch.input_ids[r, p:n]
         attn[r, : max(n - p - 1, 0)] = 1
     cache.batch_select_indices(group)
+    names = _names([groups.names[u] for u in groups.group])
     positions = torch.tensor(groups.prompt_len, device=device).unsqueeze(1) + torch.arange(
         cont_len, device=device
     )
     logits, _ = _forward(
-        model, cont_len, input_ids=ids[:, :cont_len],
+        model, cont_len, names, input_ids=ids[:, :cont_len],
         attention_mask=torch.cat([prompt_attn[group], attn], dim=1),
         position_ids=positions, cache=cache,
     )  # fmt: skip
     return _gather_logprobs(logits, ids[:, 1:], chunk)
+
+
+def shared_prompt_cache(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    adapter_names: Sequence[str] | None = None,
+) -> dict[str, Cache]:
+    """Generation's prompt pass shared by the G samples of a prompt: ``generate`` keywords.
+
+    ``input_ids`` is the left-padded batch about to be given to ``generate`` (a prompt repeated
+    once per sample). Each distinct row (under its adapter) runs once, all columns but the last,
+    with the position ids ``generate`` gives them; its cache is gathered to one row per sample,
+    so ``generate`` runs only the last prompt column and then samples as usual. Returns ``{}``
+    (``generate`` runs the whole prompt) when no row repeats or the model takes no cache.
+    Call under ``torch.inference_mode()``.
+    """
+    names = [None] * len(input_ids) if adapter_names is None else list(adapter_names)
+    index: dict[tuple[str | None, tuple[int, ...]], int] = {}
+    rows = zip(names, input_ids.tolist(), strict=True)
+    owner = [index.setdefault((name, tuple(row)), len(index)) for name, row in rows]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        params = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    keyword = _cache_keyword(model)
+    if len(index) == len(owner) or input_ids.shape[1] < 2 or keyword not in params:
+        return {}
+    first = torch.tensor([owner.index(u) for u in range(len(index))], device=input_ids.device)
+    # generate's own positions (pads at 1), so the cached columns match an unshared prompt pass.
+    positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    kwargs: dict[str, Any] = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    if adapter_names is not None:
+        kwargs["adapter_names"] = [names[int(i)] for i in first]
+    cache = DynamicCache()
+    model(
+        input_ids=input_ids[first, :-1], attention_mask=attention_mask[first, :-1],
+        position_ids=positions[first, :-1], use_cache=True, **{keyword: cache}, **kwargs,
+    )  # fmt: skip
+    if cache.get_seq_length() != input_ids.shape[1] - 1:
+        return {}  # the model kept no cache: generate runs the whole prompt
+    cache.batch_select_indices(torch.tensor(owner, device=input_ids.device))
+    return {keyword: cache}
+
+
+def generate_inputs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    adapter_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """``generate``'s prompt keywords on the model's device: ``input_ids``, ``attention_mask``
+    and, where a prompt repeats (its G samples), the cache of :func:`shared_prompt_cache`."""
+    device = next(model.parameters()).device
+    ids, mask = input_ids.to(device), attention_mask.to(device)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        **shared_prompt_cache(model, ids, mask, adapter_names),
+    }

@@ -13,8 +13,19 @@ import torch
 
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
 from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner, Sample
-from cmlrl_agents.policies.prefix_scoring import prefix_shared_logprobs, prompt_groups
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.prefix_scoring import (
+    generate_inputs,
+    prefix_shared_logprobs,
+    prompt_groups,
+)
+from cmlrl_agents.policies.tokens import (
+    build_batch,
+    completion_lists,
+    completion_mask_from_generated,
+    left_pad,
+    sequence_logprobs,
+)
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model
 
 VOCAB = 40
@@ -109,6 +120,58 @@ def test_lora_model_gradients_equal_the_unshared_pass() -> None:
         assert torch.allclose(shared_grad[name], plain_grad[name], atol=1e-5, rtol=1e-4), name
 
 
+def _two_adapter_model(peft):
+    """Two different random LoRA adapters on one tiny base (a shared base of two agents)."""
+    config = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(7)
+    model = peft.get_peft_model(tiny_model(VOCAB, seed=2), peft.LoraConfig(**config), "agent_0")
+    model.add_adapter("agent_1", peft.LoraConfig(**config))
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)  # both adapters train in a mixed pass
+    return model.eval()  # peft refuses adapter_names in training mode
+
+
+def test_mixed_adapter_batch_shares_prompts_per_adapter_with_equal_gradients() -> None:
+    """The same prompt under two adapters is two groups (their keys and values differ); the
+    shared pass equals the unshared mixed-adapter pass in log-probs and in both adapters'
+    gradients."""
+    peft = pytest.importorskip("peft")
+    model = _two_adapter_model(peft)
+    prompts, completions = _rows([(6, [3, 5, 2, 4]), (6, [4, 1, 3, 2]), (9, [2, 6])], seed=3)
+    prompts[4:8] = prompts[:4]  # rows 4..7: agent_1 answers agent_0's prompt
+    names = ["agent_0"] * 4 + ["agent_1"] * 4 + ["agent_0"] * 2
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    groups = prompt_groups(batch, names)
+    assert groups.group == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    assert groups.names == ["agent_0", "agent_1", "agent_0"]
+    assert groups.prompts[0] == groups.prompts[1]
+    weights = torch.linspace(-1.0, 2.0, len(prompts))
+
+    def plain(m, b):
+        return sequence_logprobs(m, b, adapter_names=names)
+
+    def shared(m, b):
+        return prefix_shared_logprobs(m, b, adapter_names=names)
+
+    plain_lp, plain_grad = _scored(model, batch, plain, weights)
+    shared_lp, shared_grad = _scored(model, batch, shared, weights)
+    # The adapters differ: one prompt's rows score differently under each.
+    assert not torch.allclose(plain_lp[0], plain_lp[4])
+    assert torch.allclose(shared_lp, plain_lp, atol=1e-5, rtol=0)
+    for adapter in ("agent_0", "agent_1"):
+        mine = [n for n in plain_grad if f".{adapter}." in n]
+        assert mine and any(bool(plain_grad[n].abs().sum() > 0) for n in mine), adapter
+        for name in mine:
+            assert torch.allclose(shared_grad[name], plain_grad[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_adapter_names_must_name_every_row() -> None:
+    prompts, completions = _rows([(3, [2, 2])])
+    batch = build_batch(prompts, completions, pad_id=TINY_EOS_ID)
+    with pytest.raises(ValueError, match="adapter_names has 1 names for a batch of 2 rows"):
+        prompt_groups(batch, ["agent_0"])
+
+
 def test_gradient_checkpointing_without_cache_is_refused_with_the_fix() -> None:
     model = tiny_model(VOCAB, seed=0)
     model.gradient_checkpointing_enable()
@@ -149,3 +212,55 @@ def test_prefix_sharing_is_validated_on_construction_and_assignment() -> None:
     config = MAGRPOConfig()
     with pytest.raises((TypeError, ValueError), match="prefix_sharing"):
         config.prefix_sharing = 1
+
+
+def _plain_generate(agent, rows, sampling, adapter_names=None):
+    """The same rows through transformers' generate with no shared prompt pass."""
+    ids, mask = left_pad(rows, agent.pad_token_id)
+    extra = {} if adapter_names is None else {"adapter_names": adapter_names}
+    with torch.inference_mode():
+        out = agent.model.generate(
+            input_ids=ids, attention_mask=mask, pad_token_id=agent.pad_token_id,
+            eos_token_id=sorted(agent.eos_token_ids), **sampling.generate_kwargs(), **extra,
+        )  # fmt: skip
+    new, kept = completion_mask_from_generated(out, ids.shape[1], agent.eos_token_ids)
+    return [tuple(r) for r in completion_lists(new, kept)]
+
+
+PREFILL_ROWS = [[5, 6, 7, 8, 9]] * 3 + [[11, 12, 13, 14, 15, 16, 17, 18, 19]] * 3 + [[21, 22, 23]]
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_generation_shares_the_prompt_pass_and_samples_the_same_tokens(do_sample) -> None:
+    """A prompt repeated for its G samples runs its prompt pass once (a cache gathered to the G
+    rows); the tokens equal transformers' generate over the repeated rows, greedy or sampled
+    from the same seed."""
+    agent = tiny_agent(seed=0)
+    agent.model.eval()
+    sampling = SamplingConfig(max_new_tokens=6, min_new_tokens=6, do_sample=do_sample)
+    ids, mask = left_pad(PREFILL_ROWS, agent.pad_token_id)
+    with torch.inference_mode():
+        inputs = generate_inputs(agent.model, ids, mask)
+    (cache,) = [v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")]
+    assert cache.get_seq_length() == ids.shape[1] - 1  # the prompt columns but the last
+    torch.manual_seed(0)
+    got = [c.completion_ids for c in agent.generate_rows(PREFILL_ROWS, sampling)]
+    torch.manual_seed(0)
+    assert got == _plain_generate(agent, PREFILL_ROWS, sampling)
+    assert len({got[0], got[1], got[2]}) > 1 or not do_sample  # the G samples still differ
+
+
+def test_mixed_adapter_generation_shares_prompts_per_adapter() -> None:
+    peft = pytest.importorskip("peft")
+    agent = tiny_agent(seed=0)
+    config = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(7)
+    model = peft.get_peft_model(agent.model, peft.LoraConfig(**config), "agent_0")
+    model.add_adapter("agent_1", peft.LoraConfig(**config))
+    shared = LLMAgent(model.eval(), agent.tokenizer, adapter="agent_0")
+    rows = PREFILL_ROWS[:3] * 2 + PREFILL_ROWS[3:]  # one prompt under both adapters
+    names = ["agent_0"] * 3 + ["agent_1"] * 3 + ["agent_0"] * 4
+    sampling = SamplingConfig(max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    got = [c.completion_ids for c in shared.generate_rows(rows, sampling, adapter_names=names)]
+    assert got[0] != got[3]  # the adapters answer the same prompt differently
+    assert got == _plain_generate(shared, rows, sampling, names)
