@@ -19,7 +19,7 @@ at which ours first reaches comlrl's final reward, and our reward at comlrl's tr
 it trains; both are CPU seconds, which equal wall seconds on one quiet thread).
 
     python benchmarks/learning.py                          # 8 items x 2 epochs, both libraries
-    python benchmarks/learning.py --match-comlrl-time --epochs 8 --threads 1  # the targets
+    python benchmarks/learning.py --match-comlrl-time --epochs 8 --comlrl-epochs 2  # the targets
     python benchmarks/learning.py --items 2 --epochs 1     # a short check
     python benchmarks/learning.py --only cmlrl --lr 2e-5 --yardstick 0.726 610  # ours vs a
     #   comlrl figure measured earlier (reward, seconds); --set FIELD=VALUE for other fields
@@ -150,6 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=8, help="training items (8: the train split)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs (with a budget: at most)")
+    parser.add_argument(
+        "--comlrl-epochs", type=int, help="comlrl's epochs (default: --epochs), so ours can train "
+        "longer than comlrl under --match-comlrl-time",
+    )  # fmt: skip
     parser.add_argument("--eval-repeats", type=int, default=8, help="samples of each eval prompt")
     parser.add_argument("--eval-every", type=int, default=4, help="our curve: items between evals")
     parser.add_argument("--only", choices=sorted(PROGRAMS), help="run one library only")
@@ -184,6 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("items", "epochs", "eval_repeats", "eval_every", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.comlrl_epochs is not None and args.comlrl_epochs < 1:
+        parser.error(f"--comlrl-epochs must be at least 1, got {args.comlrl_epochs}")
     if args.budget_seconds is not None and args.budget_seconds <= 0:
         parser.error(f"--budget-seconds must be > 0, got {args.budget_seconds}")
     if args.match_comlrl_time and args.only == "cmlrl":
@@ -256,7 +262,7 @@ def run(name: str, args: argparse.Namespace, budget: float | None) -> dict:
         spec = {
             "model": args.model,
             "items": args.items,
-            "epochs": args.epochs,
+            "epochs": args.comlrl_epochs or args.epochs if name == "comlrl" else args.epochs,
             "repeats": args.eval_repeats,
             "eval_every": args.eval_every,
             "eval_seed": args.eval_seed,
