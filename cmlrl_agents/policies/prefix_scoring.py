@@ -250,12 +250,9 @@ def shared_prompt_cache(
     rows = zip(names, input_ids.tolist(), strict=True)
     owner = [index.setdefault((name, tuple(row)), len(index)) for name, row in rows]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        params = inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return {}
     keyword = _cache_keyword(model)
-    if len(index) == len(owner) or input_ids.shape[1] < 2 or keyword not in params:
+    takes_cache = keyword in inspect.signature(base.forward).parameters
+    if len(index) == len(owner) or input_ids.shape[1] < 2 or not takes_cache:
         return {}
     first = torch.tensor([owner.index(u) for u in range(len(index))], device=input_ids.device)
     # generate's own positions (pads at 1), so the cached columns match an unshared prompt pass.
