@@ -39,10 +39,11 @@ class MAGRPOConfig(SharedConfig):
     advantage_normalization: bool = True
     """Divide advantages by the siblings' return std (no re-centring); refused with
     ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
-    agent_learning_rate: float = 1e-4
-    """AdamW learning rate of every agent. 1e-4, not the shared 5e-6 (comlrl's default): on the
-    seed's program it learned the most per round of the rates measured, without collapsing
-    (benchmarks/learning.py; the table is in docs/experiments.md, "Why the MAGRPO defaults")."""
+    agent_learning_rate: float = 2e-5
+    """AdamW learning rate of every agent. 2e-5, not the shared 5e-6 (comlrl's default, which
+    learned less per round): 1e-4 learned faster at first but swung and fell below its start
+    within 11 rounds, while 2e-5 learned steadily (benchmarks/learning.py; the runs are in
+    docs/experiments.md, "Why the MAGRPO defaults")."""
     loss_aggregation: str = "sequence_sum"
     """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
     rollout_buffer_size: int = 4
