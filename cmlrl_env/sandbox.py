@@ -25,6 +25,7 @@ an exception in the trainer.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -150,23 +151,38 @@ def network_isolation() -> str:
 
 
 class _UserIds:
-    """User ids of the runs in progress (root only): never two runs under the same id."""
+    """User ids of the runs in progress (root only): never two runs under the same id, in this
+    process or in any other on the machine (two trainers, the ranks of a torchrun launch). An id
+    is held by an exclusive ``flock`` on its lock file, which the kernel drops if the process
+    dies; without it, one process's reap of "its" id killed another's running program."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._free: list[int] = []
-        self._next = 0
+        self._held: dict[int, int] = {}  # user id -> the descriptor holding its lock
 
     def take(self, base: int) -> int:
+        folder = Path(tempfile.gettempdir(), "cmlrl-sandbox-uids")
+        folder.mkdir(mode=0o700, exist_ok=True)
         with self._lock:
-            if self._free:
-                return self._free.pop()
-            self._next += 1
-            return base + self._next - 1
+            for uid in range(base, base + 2**16):
+                if uid in self._held:
+                    continue
+                fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)  # another process runs a program under this id
+                    continue
+                self._held[uid] = fd
+                return uid
+        raise RuntimeError(
+            f"all 65536 sandbox user ids from uid_base={base} are in use; let runs finish or "
+            "set SandboxLimits(uid_base=...) to another range."
+        )
 
     def give_back(self, uid: int) -> None:
         with self._lock:
-            self._free.append(uid)
+            os.close(self._held.pop(uid))
 
 
 _USER_IDS = _UserIds()

@@ -7,13 +7,24 @@ stays fast; each test reads its own program's result.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from cmlrl_env.sandbox import RunResult, SandboxLimits, network_isolation, run_programs
+from cmlrl_env.sandbox import (
+    RunResult,
+    SandboxLimits,
+    network_isolation,
+    run_program,
+    run_programs,
+)
 
 ROOT = os.geteuid() == 0
 LIMITS = SandboxLimits(
@@ -184,3 +195,32 @@ def test_limits_are_checked_at_construction() -> None:
         run_programs(["pass"], max_workers=0)
     with pytest.raises(TypeError, match="source must be a str"):
         run_programs([b"print(1)"])  # type: ignore[list-item]
+
+
+@pytest.mark.skipif(not ROOT, reason="runs get user ids of their own only as root")
+def test_two_processes_running_programs_at_once_keep_them_apart() -> None:
+    # Each process hands out user ids, and a run's end kills every process of its id: two
+    # processes (two trainers, torchrun ranks) must never give one id to two running programs.
+    shared = Path(tempfile.mkdtemp(prefix="cmlrl-sandbox-test-"))
+    shared.chmod(0o777)  # the programs' user ids may write here
+    started = shared / "started"
+    long_program = (
+        f"import pathlib, time\npathlib.Path({str(started)!r}).write_text('1')\ntime.sleep(4)\n"
+        "print('finished')\n"
+    )
+    code = (
+        "import sys\nfrom cmlrl_env.sandbox import run_program\n"
+        f"r = run_program({long_program!r})\nprint(r.status, r.stdout.strip())\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert other.poll() is None and time.monotonic() < deadline, "the program never ran"
+            time.sleep(0.05)
+        assert run_program("print('short')").stdout.strip() == "short"  # ends while the other runs
+        out, _ = other.communicate(timeout=120)
+    finally:
+        other.kill()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert out.split() == ["ok", "finished"]
