@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Unpack
 
 import torch
-from transformers import set_seed
 
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PreparedPairs
@@ -95,15 +94,7 @@ class MADPOTrainer(PreferenceTrainer):
                 "MADPOTrainer was built without train_dataset or pairs_file, so train() has no "
                 "pairs to learn from; pass train_dataset=... (with a pair source) or pairs_file=."
             )
-        if self.args.seed is not None:
-            set_seed(self.args.seed)
-        self._prepare_schedule()
-        if resume is None:
-            self._start_fresh()
-        else:
-            self.load_checkpoint(resume)
-        self.logger.write_config()
-        self._apply_learning_rates()
+        self._start_run(resume)
         args, last = self.args, {}
         progress = ProgressBar(args.num_iterations, verbose=self.logger.verbose, desc="madpo")
         progress.update(self.epoch)

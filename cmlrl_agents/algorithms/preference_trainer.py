@@ -28,7 +28,6 @@ from cmlrl_agents.algorithms.preference_pairs import (
 )
 from cmlrl_agents.runs.metrics import turn_key
 from cmlrl_agents.runs.rollout import collect_tree
-from cmlrl_agents.runs.run_dirs import dataset_fingerprint
 from cmlrl_agents.runs.trainer import TeamTrainer
 from cmlrl_agents.runs.trainer_keywords import check_team_keywords
 
@@ -228,13 +227,7 @@ class PreferenceTrainer(TeamTrainer):
         self.learner.schedule(None)
 
     def _identity(self) -> dict[str, Any]:
-        data = None if self.env is None else self.env.spec.dataset
         return {
-            "algorithm": self.algorithm,
-            "num_agents": self.num_agents,
-            "models": self.model_names,
-            "model_classes": [type(a.model).__name__ for a in self.agents],
-            "model_parameters": [sum(p.numel() for p in a.model.parameters()) for a in self.agents],
+            **self._team_identity(),
             "preference_num_candidates": self.args.preference_num_candidates,
-            "train_dataset": dataset_fingerprint(data),
         }

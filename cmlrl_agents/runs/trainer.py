@@ -269,15 +269,7 @@ class TeamTrainer(RunMixin):
                 "items to train on (it can evaluate and save_model). Build it with "
                 "train_dataset=... and reward_func=... to train."
             )
-        if self.args.seed is not None:
-            set_seed(self.args.seed)  # python, numpy, torch (and CUDA)
-        self._prepare_schedule()
-        if resume is None:
-            self._start_fresh()
-        else:
-            self.load_checkpoint(resume)
-        self.logger.write_config()
-        self._apply_learning_rates()
+        self._start_run(resume)
         progress = ProgressBar(
             self._total_items(), verbose=self.logger.verbose, desc=self.algorithm
         )
@@ -317,6 +309,19 @@ class TeamTrainer(RunMixin):
 
     def _dataset(self) -> Dataset | IterableDataset | None:
         return None if self.env is None else self.env.spec.dataset
+
+    def _start_run(self, resume: Path | None) -> None:
+        """Seed, build the schedule, then start fresh or load ``resume``'s state; write the
+        run's config and apply the learning rates (every trainer's ``train`` begins so)."""
+        if self.args.seed is not None:
+            set_seed(self.args.seed)  # python, numpy, torch (and CUDA)
+        self._prepare_schedule()
+        if resume is None:
+            self._start_fresh()
+        else:
+            self.load_checkpoint(resume)
+        self.logger.write_config()
+        self._apply_learning_rates()
 
     def _prepare_schedule(self) -> None:
         """Give the learner the run's rounds (their item counts), which its learning-rate

@@ -83,6 +83,14 @@ class RunMixin:
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint must share with this trainer to be resumed (see run_dirs.py)."""
         config = self.args.to_dict()
+        return {
+            **self._team_identity(),
+            "num_turns": config["num_turns"],
+            "num_generations": config["num_generations"],
+        }
+
+    def _team_identity(self) -> dict[str, Any]:
+        """The part of :meth:`_identity` every trainer shares: algorithm, team and data."""
         data = None if self.env is None else self.env.spec.dataset
         return {
             "algorithm": self.algorithm,
@@ -90,8 +98,6 @@ class RunMixin:
             "models": self.model_names,
             "model_classes": [type(a.model).__name__ for a in self.agents],
             "model_parameters": [sum(p.numel() for p in a.model.parameters()) for a in self.agents],
-            "num_turns": config["num_turns"],
-            "num_generations": config["num_generations"],
             "train_dataset": dataset_fingerprint(data),
         }
 
