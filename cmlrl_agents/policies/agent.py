@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import LogitsProcessorList
 
 # Re-exported: model-file conversion lives in gguf.py, the names stay importable from here.
 from cmlrl_agents.policies.gguf import SMOLLM2_GGUF, convert_gguf, default_cache_dir, smollm2_path
@@ -30,6 +31,7 @@ from cmlrl_agents.policies.model_setup import (
     only_our_generation_settings,
 )
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
+from cmlrl_agents.policies.sampling import CandidateSampler
 from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
@@ -92,18 +94,17 @@ class SamplingConfig:
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``model.generate``. :class:`LLMAgent` sets the checkpoint's own
         ``generation_config`` aside during the call, so these are the only sampling settings
-        (no ``repetition_penalty``, ``suppress_tokens``, ... from the model's files)."""
+        (no ``repetition_penalty``, ``suppress_tokens``, ... from the model's files).
+
+        Sampling runs in :class:`~cmlrl_agents.policies.sampling.CandidateSampler` (transformers'
+        distribution, drawn among the top-k candidates only), which leaves one token finite per
+        row; ``generate`` then runs its greedy step, which takes that token."""
         lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
+        greedy = {**lengths, "do_sample": False, "num_beams": 1}
         if not self.do_sample:
-            return {**lengths, "do_sample": False, "num_beams": 1}
-        return {
-            **lengths,
-            "do_sample": True,
-            "num_beams": 1,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": 0 if self.top_k is None else self.top_k,  # 0 is "off" for generate
-        }
+            return greedy
+        sampler = CandidateSampler(self.temperature, self.top_k, self.top_p)
+        return {**greedy, "logits_processor": LogitsProcessorList([sampler])}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from cmlrl_agents.policies.agent import (
     convert_gguf,
     smollm2_path,
 )
+from cmlrl_agents.policies.sampling import CandidateSampler
 from cmlrl_agents.policies.tokens import completion_lists, completion_mask_from_generated, left_pad
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model, tiny_tokenizer
 
@@ -65,14 +66,13 @@ def test_sampling_config_rejects_bad_values(kwargs: dict, message: str) -> None:
 
 def test_sampling_config_generate_kwargs() -> None:
     kwargs = SamplingConfig(max_new_tokens=8, temperature=0.7, top_p=0.9).generate_kwargs()
+    # The sampler draws the token; generate's greedy step then takes the one finite logit.
     assert kwargs == {
         "max_new_tokens": 8,
         "min_new_tokens": 0,
-        "do_sample": True,
+        "do_sample": False,
         "num_beams": 1,
-        "temperature": 0.7,
-        "top_p": 0.9,
-        "top_k": 0,  # None means "no top-k"; generate would otherwise default to 50
+        "logits_processor": [CandidateSampler(temperature=0.7, top_k=None, top_p=0.9)],
     }
     greedy = SamplingConfig(max_new_tokens=4, do_sample=False).generate_kwargs()
     assert greedy == {"max_new_tokens": 4, "min_new_tokens": 0, "do_sample": False, "num_beams": 1}
