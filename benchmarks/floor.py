@@ -143,8 +143,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--setup", choices=["full", "lora"], default="full")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     parser.add_argument("--model", help="model folder (default: the local SmolLM2-135M-Instruct)")
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     for name in ("items", "tokens", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -214,6 +217,8 @@ def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[s
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     for values in CPU.values():  # a second main() in one process starts afresh
         values.clear()
     from cmlrl_agents import smollm2_path

@@ -39,10 +39,11 @@ class MAGRPOConfig(SharedConfig):
     advantage_normalization: bool = True
     """Divide advantages by the siblings' return std (no re-centring); refused with
     ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
-    agent_learning_rate: float = 2e-5
-    """AdamW learning rate of every agent. 2e-5, not the shared 5e-6 (comlrl's default, which
-    learned less per round): 1e-4 learned faster at first but swung and fell below its start
-    within 11 rounds, while 2e-5 learned steadily (benchmarks/learning.py; the runs are in
+    agent_learning_rate: float = 5e-5
+    """AdamW learning rate of every agent. 5e-5, not the shared 5e-6 (comlrl's default, which
+    learned less per round): on the seed's length-ratio program 5e-5 reached 0.93 and 0.97 in
+    two seeds within comlrl's training time; 1e-4 swung and fell below its start within 11
+    rounds, and 2e-5 learned slowly (benchmarks/learning.py; the runs are in
     docs/experiments.md, "Why the MAGRPO defaults")."""
     loss_aggregation: str = "sequence_sum"
     """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
