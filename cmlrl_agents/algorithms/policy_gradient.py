@@ -74,6 +74,34 @@ def agent_samples(
     return samples
 
 
+class StepTotals:
+    """One optimizer step's summed loss and per-sample KLs (by turn), kept as tensors until the
+    step ends: reading a value on the host waits for the device, so a step reads once
+    (:meth:`read`) instead of after every forward chunk."""
+
+    def __init__(self) -> None:
+        self._loss: torch.Tensor | None = None
+        self._kls: list[torch.Tensor] = []
+        self._turns: list[int] = []
+
+    def add(self, loss: torch.Tensor, samples: Sequence[Sample], kl: torch.Tensor | None) -> None:
+        """A chunk's loss share and, with a reference model, its samples' KLs."""
+        self._loss = loss.detach() if self._loss is None else self._loss + loss.detach()
+        if kl is not None:
+            self._kls.append(kl)
+            self._turns.extend(s.turn for s in samples)
+
+    def read(self) -> tuple[float, dict[int, list[float]]]:
+        """``(loss, {turn: [kl, ...]})`` on the host."""
+        loss = 0.0 if self._loss is None else float(self._loss)
+        by_turn: dict[int, list[float]] = defaultdict(list)
+        if self._kls:
+            values = torch.cat(self._kls)
+            for turn, value in zip(self._turns, values.tolist(), strict=True):
+                by_turn[turn].append(value)
+        return loss, by_turn
+
+
 class PolicyGradientLearner:
     """Per agent: its AdamW optimizer and (with ``reference_kl_enabled``) its frozen reference.
 
@@ -189,7 +217,7 @@ class PolicyGradientLearner:
         ]
         counts = [int(self.parallel.sum(len(agent_rows))) for agent_rows in rows]
         size = args.forward_batch_size or max(len(flat), 1)  # a rank may have no rows
-        loss_sums, kls = [0.0] * len(group), [defaultdict(list) for _ in group]
+        totals_k = [StepTotals() for _ in group]
         for start in range(0, len(flat), size):
             chunk = flat[start : start + size]
             refs = self.reference_models  # the group's one reference: their base, adapters off
@@ -211,11 +239,9 @@ class PolicyGradientLearner:
                     None if ref is None else ref[idx],
                 )  # fmt: skip
                 total = total + loss
-                loss_sums[k] += float(loss.detach())
-                for s, value in zip(mine, [] if kl is None else kl.tolist(), strict=False):
-                    kls[k][s.turn].append(value)
+                totals_k[k].add(loss, mine, kl)
             total.backward()
-        return [self._finish_step(a, loss_sums[k], kls[k]) for k, a in enumerate(group)]
+        return [self._finish_step(a, totals_k[k]) for k, a in enumerate(group)]
 
     def step(self, a: int, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step of agent ``a`` over ``samples`` (forwards of
@@ -227,7 +253,7 @@ class PolicyGradientLearner:
         total_tokens = int(self.parallel.sum(sum(len(s.completion_ids) for s in samples)))
         num_samples = int(self.parallel.sum(len(samples)))
         size = args.forward_batch_size or max(len(samples), 1)
-        loss_sum, kl_by_turn = 0.0, defaultdict(list)
+        totals = StepTotals()
         for start in range(0, len(samples), size):
             chunk = samples[start : start + size]
             batch = build_batch(
@@ -237,17 +263,13 @@ class PolicyGradientLearner:
             logprobs = agent.score(batch, prefix_sharing=args.prefix_sharing)
             loss, kl = self._loss(a, chunk, logprobs, batch, num_samples, total_tokens)
             loss.backward()
-            loss_sum += float(loss.detach())
-            if kl is not None:
-                for s, value in zip(chunk, kl.tolist(), strict=True):
-                    kl_by_turn[s.turn].append(value)
-        return self._finish_step(a, loss_sum, kl_by_turn)
+            totals.add(loss, chunk, kl)
+        return self._finish_step(a, totals)
 
-    def _finish_step(
-        self, a: int, loss_sum: float, kl_by_turn: dict[int, list[float]]
-    ) -> dict[str, float]:
+    def _finish_step(self, a: int, totals: StepTotals) -> dict[str, float]:
         """Clip and step agent ``a``'s optimizer (and scheduler); the step's stats."""
         args, optimizer = self.args, self.optimizers[a]
+        loss_sum, kl_by_turn = totals.read()
         self.parallel.sum_gradients(p for g in optimizer.param_groups for p in g["params"])
         norm = clip_and_step(optimizer, args.max_grad_norm)
         stats = {"loss": self.parallel.sum(loss_sum), "grad_norm": norm}
@@ -273,8 +295,8 @@ class PolicyGradientLearner:
         advantages = torch.tensor([s.advantage for s in chunk], device=agent.device)
         if args.loss_aggregation == "sequence_sum":
             weight = len(chunk) / num_samples
-        else:
-            weight = float(mask.sum()) / max(total_tokens, 1)
+        else:  # the chunk's completion tokens, counted on the host (mask.sum() would wait)
+            weight = sum(len(s.completion_ids) for s in chunk) / max(total_tokens, 1)
         loss = policy_gradient_loss(logprobs, mask, advantages, args.loss_aggregation) * weight
         if self.reference_models is None:
             return loss, None

@@ -66,13 +66,15 @@ class PromptGroups:
     """
 
     def __init__(self, batch: TokenBatch, adapter_names: Sequence[str] | None = None) -> None:
-        mask = batch.completion_mask.bool()
-        self.length: list[int] = batch.attention_mask.sum(dim=1).tolist()
+        # One copy to the host: each read of a device tensor waits for the device.
+        parts = (batch.input_ids, batch.attention_mask, batch.completion_mask)
+        ids, attention, completion = torch.stack([t.long() for t in parts]).cpu()
+        mask = completion.bool()
+        self.length: list[int] = attention.sum(dim=1).tolist()
         has = mask.any(dim=1)
         first = mask.float().argmax(dim=1)  # the first 1 of each row (0 when there is none)
-        starts = torch.where(has, first, torch.tensor(self.length, device=first.device))
-        self.prompt_len: list[int] = starts.tolist()
-        rows = batch.input_ids.tolist()
+        self.prompt_len: list[int] = torch.where(has, first, attention.sum(dim=1)).tolist()
+        rows = ids.tolist()
         if adapter_names is not None and len(adapter_names) != len(rows):
             raise ValueError(
                 f"adapter_names has {len(adapter_names)} names for a batch of {len(rows)} rows; "

@@ -13,6 +13,7 @@ from datasets import Dataset
 
 from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer, MARLOOTrainer, Sample
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig, MARLOOConfig
+from cmlrl_agents.algorithms.policy_gradient import StepTotals
 from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import CoMLRLEnv, tasks
@@ -185,6 +186,29 @@ def test_reference_kl_metrics(tmp_path):
     assert rows[-1]["turn_1/reference_kl_penalty_mean"] == pytest.approx(
         0.5 * rows[-1]["turn_1/reference_kl_mean"]
     )
+
+
+def test_step_totals_sum_the_chunks_and_read_the_kls_by_turn():
+    totals = StepTotals()
+    rows = [Sample(0, turn, (1,), (2,), 0.0) for turn in (1, 2, 1)]
+    totals.add(torch.tensor(0.25), rows[:2], torch.tensor([0.5, 1.5]))
+    totals.add(torch.tensor(-1.0), rows[2:], torch.tensor([2.5]))
+    assert totals.read() == (-0.75, {1: [0.5, 2.5], 2: [1.5]})
+    assert StepTotals().read() == (0.0, {})  # a rank without rows in this step
+
+
+def test_forward_chunks_give_the_same_reference_kl_stats(tmp_path):
+    samples = [Sample(0, 1 + i % 2, (1, 5, 9), tuple(range(10, 13 + i)), 0.5 - i) for i in range(4)]
+    stats = []
+    for chunk in (None, 1, 3):
+        trainer = make_trainer(tmp_path, forward_batch_size=chunk, reference_kl_enabled=True)
+        with torch.no_grad():  # move the policy away from its reference
+            next(trainer.agents[0].model.parameters()).add_(0.05)
+        stats.append(trainer.learner.step(0, samples))
+    assert stats[0]["turn_2/reference_kl_mean"] > 0.0
+    for got in stats[1:]:
+        for key in ("loss", "turn_1/reference_kl_mean", "turn_2/reference_kl_mean"):
+            assert got[key] == pytest.approx(stats[0][key], rel=1e-5), key
 
 
 def test_evaluate_uses_one_response_per_agent_per_turn_in_batches(tmp_path):
