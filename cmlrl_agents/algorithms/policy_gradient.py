@@ -35,7 +35,7 @@ from cmlrl_agents.runs.distributed import data_parallel
 from cmlrl_agents.runs.metrics import turn_metrics
 from cmlrl_agents.runs.rollout import RolloutTree
 
-__all__ = ["PolicyGradientLearner", "Sample", "agent_samples"]
+__all__ = ["PolicyGradientLearner", "Sample", "StepTotals", "agent_samples"]
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class PolicyGradientLearner:
         ]
         counts = [int(self.parallel.sum(len(agent_rows))) for agent_rows in rows]
         size = args.forward_batch_size or max(len(flat), 1)  # a rank may have no rows
-        totals_k = [StepTotals() for _ in group]
+        step_sums = [StepTotals() for _ in group]
         for start in range(0, len(flat), size):
             chunk = flat[start : start + size]
             refs = self.reference_models  # the group's one reference: their base, adapters off
@@ -239,9 +239,9 @@ class PolicyGradientLearner:
                     None if ref is None else ref[idx],
                 )  # fmt: skip
                 total = total + loss
-                totals_k[k].add(loss, mine, kl)
+                step_sums[k].add(loss, mine, kl)
             total.backward()
-        return [self._finish_step(a, totals_k[k]) for k, a in enumerate(group)]
+        return [self._finish_step(a, step_sums[k]) for k, a in enumerate(group)]
 
     def step(self, a: int, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step of agent ``a`` over ``samples`` (forwards of
