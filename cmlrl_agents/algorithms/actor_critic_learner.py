@@ -357,7 +357,7 @@ class ActorCriticLearner:
         optimizer.zero_grad(set_to_none=True)
         keys = list(dict.fromkeys(s.state_key for s in rows))
         size = self.args.forward_batch_size or len(keys)
-        loss_sum = torch.zeros(())  # on the host at the end: a read per chunk would wait
+        losses: list[torch.Tensor] = []  # read once at the end: a read per chunk would wait
         for start in range(0, len(keys), size):
             local = {k: i for i, k in enumerate(keys[start : start + size])}
             chunk = [s for s in rows if s.state_key in local]
@@ -369,11 +369,11 @@ class ActorCriticLearner:
                 len(chunk) / len(rows)
             )
             (self.args.value_loss_coef * loss).backward()
-            loss_sum = loss_sum.to(loss.device) + loss.detach()
+            losses.append(loss.detach())
         grad_norm = clip_and_step(optimizer, self.args.max_grad_norm)
         if f"critic_{c}" in self.schedulers:
             self.schedulers[f"critic_{c}"].step()
-        return {"value_loss": float(loss_sum), "grad_norm": grad_norm}
+        return {"value_loss": float(sum(losses)), "grad_norm": grad_norm}
 
     # -- saving ---------------------------------------------------------------------------------
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:

@@ -69,11 +69,11 @@ class PromptGroups:
         # One copy to the host: each read of a device tensor waits for the device.
         parts = (batch.input_ids, batch.attention_mask, batch.completion_mask)
         ids, attention, completion = torch.stack([t.long() for t in parts]).cpu()
-        mask = completion.bool()
-        self.length: list[int] = attention.sum(dim=1).tolist()
+        mask, lengths = completion.bool(), attention.sum(dim=1)
+        self.length: list[int] = lengths.tolist()
         has = mask.any(dim=1)
         first = mask.float().argmax(dim=1)  # the first 1 of each row (0 when there is none)
-        self.prompt_len: list[int] = torch.where(has, first, attention.sum(dim=1)).tolist()
+        self.prompt_len: list[int] = torch.where(has, first, lengths).tolist()
         rows = ids.tolist()
         if adapter_names is not None and len(adapter_names) != len(rows):
             raise ValueError(
