@@ -11,10 +11,7 @@ def add_context(exc: BaseException, message: str) -> BaseException:
     The user's own exception type and traceback are kept (never swallowed or re-typed), so
     ``except KeyError`` in user code still works.
     """
-    if hasattr(exc, "add_note"):
-        exc.add_note(message)
-    else:  # Python 3.10: no notes; extend the arguments instead
-        exc.args = (*exc.args, message)
+    exc.add_note(message)
     return exc
 
 
