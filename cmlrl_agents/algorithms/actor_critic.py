@@ -31,17 +31,18 @@ from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.algorithms.actor_critic_checks import check_critic_args, critic_names
 from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
 from cmlrl_agents.algorithms.actor_critic_learner import ActorCriticLearner
-from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample, chain_gae
+from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.build import build_agents
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import reference_policies
 from cmlrl_agents.policies.value_head import ValueModel
+from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
 from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords, check_team_keywords
 
-__all__ = ["IACTrainer", "MAACTrainer", "RolloutSample", "chain_gae"]
+__all__ = ["IACTrainer", "MAACTrainer", "RolloutSample"]
 
 
 class _ActorCriticTrainer(TeamTrainer):
@@ -93,6 +94,7 @@ class _ActorCriticTrainer(TeamTrainer):
             args,
             centralized=self.centralized,
             reference_models=references,
+            num_turns=self.num_turns,
         )
 
     @classmethod
@@ -185,7 +187,11 @@ class _ActorCriticTrainer(TeamTrainer):
         return devices
 
     def _identity(self) -> dict[str, Any]:
-        return {**super()._identity(), "critic_models": self._critic_names}
+        return {
+            **super()._identity(),
+            "num_generations": self.args.num_generations,
+            "critic_models": self._critic_names,
+        }
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -216,14 +222,15 @@ class _ActorCriticTrainer(TeamTrainer):
 
     # -- one round ----------------------------------------------------------------------------
     def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
-        args = self.args
+        args, parallel = self.args, self.parallel
         tree = collect_tree(
             self.env,
             self.agents,
-            items,
+            parallel.shard(items, args.items_per_step),  # all of them in one process
             num_generations=args.num_generations,
             sampling=self.agent_sampling,
             backend=self.generation_backend,
+            sample_key=self.round_key(),
         )
         batch = self.learner.batch(tree)
         metrics = self.learner.update(batch)
@@ -237,14 +244,13 @@ class _ActorCriticTrainer(TeamTrainer):
                     "itself; rename those keys."
                 )
             # At rollout collection, not held back (or averaged) by the logging_steps gap.
-            self.logger.log_now(extra, self.env_step + tree.env_steps)
-        return metrics, tree.env_steps
+            extra = aggregate_metrics(parallel, extra, {})
+            self.logger.log_now(extra, self.env_step + int(parallel.sum(tree.env_steps)))
+        counts = {level.turn: level.num_joint_actions for level in tree.levels}
+        weights = turn_weights(metrics, counts)
+        return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
 
     # -- saving -------------------------------------------------------------------------------
-    def _checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
-        """The learner's actors and ``critic_i`` (a shared critic is its head alone)."""
-        return self.learner.checkpoint_parts()
-
     def save_model(self, output_dir: str | Path) -> None:
         """``agent_i/`` per actor (see TeamTrainer) and the critics under ``critic/``."""
         super().save_model(output_dir)

@@ -38,8 +38,9 @@ class ActorCriticConfig(SharedConfig):
     """GAE's lambda over turns: 0 is the TD(0) target r + discount·V(s'), 1 the Monte-Carlo
     return; irrelevant with one turn."""
     ppo_clip_range: float | None = None
-    """None: one plain policy-gradient step per minibatch (REINFORCE with the critic as
-    baseline); a float: PPO's clipped ratio against the rollout-time log-probs."""
+    """None: one plain policy-gradient step per round (REINFORCE with the critic as baseline);
+    a float: PPO's clipped ratio against the rollout-time log-probs, needed when a round takes
+    several steps (``ppo_epochs > 1`` or ``train_batch_size < rollout_buffer_size``)."""
     ppo_epochs: int = 1
     """Passes over each round's samples; > 1 needs ``ppo_clip_range``."""
     rollout_buffer_size: int = 8
@@ -88,6 +89,13 @@ class ActorCriticConfig(SharedConfig):
                 f"ppo_epochs={self.ppo_epochs} needs ppo_clip_range (e.g. 0.2): after the first "
                 "pass the samples are off-policy, and only the clipped ratio corrects for that. "
                 "Set ppo_clip_range or use ppo_epochs=1."
+            )
+        if self.ppo_clip_range is None and self.items_per_step < self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} < rollout_buffer_size="
+                f"{self.rollout_buffer_size} gives a round several minibatch steps, whose later "
+                "steps train on samples of a policy that has moved since; that needs "
+                "ppo_clip_range (e.g. 0.2) for the importance ratio, or train_batch_size=None."
             )
         if self.advantage_normalization and self.rollout_buffer_size * self.num_generations < 2:
             raise ValueError(

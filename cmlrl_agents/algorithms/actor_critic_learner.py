@@ -2,9 +2,10 @@
 
 ``ActorCriticLearner.batch(tree)`` reads ``V(s_t)`` for every state of one round's rollout tree
 from the critics in batched no-grad forwards and turns the rewards into GAE advantages and returns
-over each episode's chain of turns (:mod:`cmlrl_agents.algorithms.actor_critic_rollouts`);
-``update(batch)`` then gives, per minibatch of items, one optimizer step per actor and one per
-separate critic (optionally several PPO-clipped epochs) and returns the round's metrics.
+over each episode's chain of turns (:func:`~cmlrl_agents.learning.credit.chain_credit`);
+``update(batch)`` then gives, per minibatch of items (``items_per_step``) and PPO epoch, one
+optimizer step per actor group and one per separate critic, all through the one engine
+(:mod:`cmlrl_agents.learning.engine`), and returns the round's metrics.
 
 IAC gives agent i its own critic ``V_i(prompt_i)``: a separate LM per agent, or a value head on
 the actor's trunk trained through the actor's optimizer. MAAC has ONE critic over the joint
@@ -15,40 +16,36 @@ minibatch for the whole team (the reference stepped it once per agent on the sam
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig
-from cmlrl_agents.algorithms.actor_critic_losses import (
-    actor_losses,
-    host_stats,
-    sample_value_loss,
-)
+from cmlrl_agents.algorithms.actor_critic_losses import CriticInputs, critic_plan
 from cmlrl_agents.algorithms.actor_critic_rollouts import (
     RolloutSample,
-    StateKey,
     agent_rollouts,
-    chain_gae,
     normalized,
     value_metrics,
 )
-from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
-from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers, steps_per_round
-from cmlrl_agents.policies.adapters import JointPass, checkpoint_models, joint_groups, joint_pass
+from cmlrl_agents.algorithms.policy_gradient import mean_metrics, step_groups
+from cmlrl_agents.learning.batch import PolicyRow
+from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
+from cmlrl_agents.learning.engine import StepEngine
+from cmlrl_agents.learning.learner import OptimizedLearner
+from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep, policy_metrics
+from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
-from cmlrl_agents.policies.reference import kl_turn_means, kl_turn_stats
-from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
-from cmlrl_agents.runs.metrics import turn_metrics
+from cmlrl_agents.policies.reference import kl_turn_means
+from cmlrl_agents.policies.value_head import ValueModel
+from cmlrl_agents.runs.distributed import data_parallel
 from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_env.core import EpisodeState
 
 __all__ = ["ActorCriticBatch", "ActorCriticLearner"]
-
-CriticInputs = dict[StateKey, list[int]]
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,13 @@ class ActorCriticBatch:
     samples: list[list[RolloutSample]]
     """Per agent: its samples with values, GAE advantages and returns."""
 
+    @property
+    def rows(self) -> tuple[PolicyRow, ...]:
+        """Every agent's samples as policy rows (agent-major)."""
+        return tuple(s.row() for agent in self.samples for s in agent)
 
-class ActorCriticLearner:
+
+class ActorCriticLearner(OptimizedLearner):
     """Actors, critics and their optimizers; ``args`` is read at every update."""
 
     def __init__(
@@ -74,37 +76,31 @@ class ActorCriticLearner:
         *,
         centralized: bool,
         reference_models: list[Any] | None,
+        num_turns: int,
     ) -> None:
         self.agents, self.critics = list(agents), list(critics)
         self.critic_encoders = list(critic_encoders)  # tokenizer (and chat template) per critic
         self.args, self.centralized = args, centralized
         self.reference_models = reference_models
+        self.num_turns = num_turns
+        self.parallel = data_parallel()
+        self.parallel.broadcast_parameters([*(a.model for a in self.agents), *self.critics])
+        self.engine = StepEngine(self.parallel)
         # A head on the actor is trained by the actor's optimizer (its own lr group): both
         # losses move the shared trunk, so one step must see both gradients.
         self.optimizers = [self._actor_optimizer(a) for a in range(len(self.agents))]
         self.critic_optimizers = [
-            make_adamw([{"params": c.own_parameters()}], args.critic_lr, f"critics[{i}]")
+            make_adamw(
+                [{"params": c.own_parameters()}],
+                args.critic_lr,
+                f"critics[{i}]",
+                args.weight_decay,
+            )  # fmt: skip
             for i, c in enumerate(self.critics)
             if not c.shared
         ]
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         """Per optimizer (``agent_i``, ``critic_c``), when the config asks for a schedule."""
-
-    def schedule(self, rounds: Iterable[int] | None) -> None:
-        """Build the learning-rate schedulers for a run of rounds of these item counts (None:
-        unknown, a stream); once only, so a resumed schedule is not rebuilt."""
-        if self.schedulers:
-            return
-        args = self.args
-        total = (
-            None
-            if rounds is None
-            else sum(steps_per_round(r, args.items_per_step, args.ppo_epochs) for r in rounds)
-        )
-        _, optimizers = self.checkpoint_parts()
-        self.schedulers = make_schedulers(
-            optimizers, args.lr_scheduler_type, args.warmup_steps, total
-        )
 
     def _actor_optimizer(self, a: int) -> torch.optim.Optimizer:
         params = self.agents[a].trainable_parameters()
@@ -112,7 +108,38 @@ class ActorCriticLearner:
         critic = self.critics[self.critic_index(a)]
         if critic.shared:
             groups.append({"params": critic.own_parameters(), "lr": self.args.critic_lr})
-        return make_adamw(groups, self.args.agent_learning_rate, f"agents[{a}]")
+        return make_adamw(
+            groups, self.args.agent_learning_rate, f"agents[{a}]", self.args.weight_decay
+        )
+
+    def named_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        named = {f"agent_{i}": o for i, o in enumerate(self.optimizers)}
+        named.update({f"critic_{c}": o for c, o in enumerate(self.critic_optimizers)})
+        return named
+
+    def learning_rates(self, name: str) -> list[float]:
+        """Actors at ``agent_learning_rate`` (a value head's group at ``critic_lr``), critics
+        at ``critic_lr``."""
+        groups = len(self.named_optimizers()[name].param_groups)
+        if name.startswith("critic_"):
+            return [self.args.critic_lr] * groups
+        return [self.args.agent_learning_rate] + [self.args.critic_lr] * (groups - 1)
+
+    def steps_per_round(self, items: int) -> int:
+        return self.args.ppo_epochs * -(-items // self.args.items_per_step)
+
+    def objective(self) -> PolicyObjective:
+        args = self.args
+        return PolicyObjective(
+            aggregation="sequence_sum",
+            temperatures=tuple(args.sampling_for(a).temperature for a in range(len(self.agents))),
+            kl_coef=args.reference_kl_coef if self.reference_models is not None else 0.0,
+            clip_range=args.ppo_clip_range,
+            tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
+            entropy=args.log_entropy,
+            value_loss_coef=args.value_loss_coef,
+            value_clip_range=args.value_clip_range,
+        )
 
     # -- which critic serves which agent and reads what -----------------------------------------
     def critic_index(self, agent: int) -> int:
@@ -135,6 +162,10 @@ class ActorCriticLearner:
         if self.centralized or key == "value_loss":
             return f"{self._critic_prefix(c)}/{key}"
         return f"agent_{c}/critic_{key}"
+
+    def actor_groups(self) -> list[list[int]]:
+        """The actors that step together (``policy_gradient.step_groups``)."""
+        return step_groups(self.agents)
 
     # -- the batch ------------------------------------------------------------------------------
     def critic_inputs(self, tree: RolloutTree) -> list[CriticInputs]:
@@ -162,13 +193,14 @@ class ActorCriticLearner:
                 batch_size=args.forward_batch_size,
             ).cpu()
             values = list(flat.split([len(level.states) for level in tree.levels]))
-            per_critic.append((values, *chain_gae(tree, values, args.discount, args.gae_lambda)))
+            credit = chain_credit(tree, values, args.discount, args.gae_lambda)
+            per_critic.append((values, *credit))
         samples = [
             agent_rollouts(tree, a, *per_critic[self.critic_index(a)])
             for a in range(len(self.agents))
         ]
         if normalize:
-            samples = [normalized(agent_samples) for agent_samples in samples]
+            samples = [normalized(agent_samples, self.parallel) for agent_samples in samples]
         return samples
 
     def batch(self, tree: RolloutTree) -> ActorCriticBatch:
@@ -177,64 +209,80 @@ class ActorCriticLearner:
         samples = self.rollouts(tree, normalize=self.args.advantage_normalization, inputs=inputs)
         return ActorCriticBatch(tree=tree, inputs=inputs, samples=samples)
 
-    def actor_groups(self) -> list[list[int]]:
-        """The actors that step together: adapter agents of one base without active dropout
-        (``adapters.joint_groups``: one mixed-adapter pass for all of them), the others alone."""
-        joint = joint_groups(self.agents)
-        alone = [[a] for a in range(len(self.agents)) if not any(a in g for g in joint)]
-        return sorted(joint + alone)
-
-    def old_logprobs(self, samples: list[list[RolloutSample]]) -> list[list[torch.Tensor]]:
-        """Per agent and sample (``samples[a]``): its completion tokens' log-probs before the
-        update (PPO's old policy), on the agent's device, scored in the passes (and the mode)
-        the update scores in, so the first ratio is exactly 1."""
-        out: list[list[torch.Tensor]] = [[] for _ in self.agents]
-        for group in self.actor_groups():
-            flat = [(k, s) for k, a in enumerate(group) for s in samples[a]]
-            size = self.args.forward_batch_size or max(len(flat), 1)
-            for a in group:
-                self.agents[a].model.train()
-            with torch.no_grad():
-                for start in range(0, len(flat), size):
-                    chunk = flat[start : start + size]
-                    scored = self._joint_pass(group, chunk, None)
-                    mask = scored.batch.completion_mask.bool()
-                    for (k, _), row, m in zip(chunk, scored.logprobs, mask, strict=True):
-                        out[group[k]].append(row[m])
-        return out
-
-    def _joint_pass(
-        self,
-        group: list[int],
-        chunk: Sequence[tuple[int, RolloutSample]],
-        reference: Any,
-        policy_context: Any = None,
-    ) -> JointPass:
-        return joint_pass(
-            [self.agents[a] for a in group],
-            [k for k, _ in chunk],
-            [s.prompt_ids for _, s in chunk],
-            [s.completion_ids for _, s in chunk],
-            reference,
-            policy_context=policy_context,
-        )
-
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: ActorCriticBatch) -> dict[str, float]:
         """Every actor's and separate critic's steps on ``batch``; the round's metrics."""
-        args, samples = self.args, batch.samples
-        metrics = turn_metrics(batch.tree, batch.tree.returns(args.discount))
-        metrics.update(self._value_metrics(samples))
-        old = self.old_logprobs(samples) if args.ppo_clip_range is not None else None
-        stats: dict[str, list[float]] = defaultdict(list)
-        slots = sorted({s.item_slot for s in samples[0]})
-        per_step = args.items_per_step
+        args, rows = self.args, batch.rows
+        metrics = round_metrics(batch.tree, joint_returns(batch.tree, args.discount))
+        metrics.update(self._value_metrics(batch.samples))
+        objective = self.objective()
+        step = PolicyStep(self.agents, self.reference_models, objective, self.num_turns)
+        windows = self.parallel.windows(
+            int(self.parallel.sum(len(batch.tree.items))), args.items_per_step
+        )
+        stale = len(windows) * args.ppo_epochs > 1
+        old = {}
+        if stale:  # the config asks for ppo_clip_range then
+            for group in self.actor_groups():
+                mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
+                old.update(step.old_logprobs(group, rows, mine, args.forward_batch_size))
+        per_step: dict[str, list[float]] = defaultdict(list)
         for _ in range(args.ppo_epochs):
-            for i in range(0, len(slots), per_step):
-                self._minibatch_steps(batch, set(slots[i : i + per_step]), old, stats)
-        metrics.update({key: float(np.mean(values)) for key, values in stats.items()})
-        metrics.update(kl_turn_means(metrics, len(self.agents), self.args.num_turns))
+            for window in windows:
+                self._actor_steps(step, rows, set(window), old if stale else None, per_step)
+                self._critic_steps(batch, set(window), per_step)
+        metrics.update(mean_metrics(per_step))
+        metrics.update(kl_turn_means(metrics, len(self.agents), self.num_turns))
         return metrics
+
+    def _actor_steps(
+        self,
+        step: PolicyStep,
+        rows: tuple[PolicyRow, ...],
+        chosen: set[int],
+        old: dict[int, torch.Tensor] | None,
+        per_step: dict[str, list[float]],
+    ) -> None:
+        for group in self.actor_groups():
+            window = [
+                [i for i, r in enumerate(rows) if r.agent == a and r.item_slot in chosen]
+                for a in group
+            ]
+            optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
+            heads = [self._head_on_actor(a) for a in group]
+            plan = step.plan(
+                group, rows, window, optimizers, chunk_size=self.args.forward_batch_size,
+                old=old, heads=heads if any(h is not None for h in heads) else None,
+            )  # fmt: skip
+            result = self.engine.step(
+                plan, max_grad_norm=self.args.max_grad_norm, schedulers=self.schedulers
+            )
+            stats = policy_metrics(
+                result.stats, result.totals, group, step.objective, self.num_turns
+            )
+            for name, values in stats.items():
+                for key, value in values.items():
+                    per_step[f"{name}/{key}"].append(value)
+
+    def _critic_steps(
+        self, batch: ActorCriticBatch, chosen: set[int], per_step: dict[str, list[float]]
+    ) -> None:
+        for c, critic in enumerate(self.critics):
+            if critic.shared:
+                continue
+            rows = [s for s in batch.samples[self.critic_agent(c)] if s.item_slot in chosen]
+            name = f"critic_{c}"
+            plan = critic_plan(
+                name, critic, self.critic_optimizers[c], rows, batch.inputs[c],
+                self.critic_encoders[c].pad_token_id, self.args,
+            )  # fmt: skip
+            result = self.engine.step(
+                plan, max_grad_norm=self.args.max_grad_norm, schedulers=self.schedulers
+            )
+            per_step[self._critic_metric(c, "value_loss")].append(
+                result.stats[f"{name}/value_loss"]
+            )
+            per_step[self._critic_metric(c, "grad_norm")].append(result.stats[f"{name}/grad_norm"])
 
     def _value_metrics(self, samples: list[list[RolloutSample]]) -> dict[str, float]:
         count = len(self.critics)
@@ -242,156 +290,14 @@ class ActorCriticLearner:
             {self._critic_prefix(c): samples[self.critic_agent(c)] for c in range(count)}
         )
 
-    def _minibatch_steps(
-        self,
-        batch: ActorCriticBatch,
-        chosen: set[int],
-        old: list[list[torch.Tensor]] | None,
-        stats: dict[str, list[float]],
-    ) -> None:
-        samples = batch.samples
-        for group in self.actor_groups():
-            idx = [[k for k, s in enumerate(samples[a]) if s.item_slot in chosen] for a in group]
-            for a, got in zip(group, self._actor_step(group, samples, idx, old), strict=True):
-                for key, value in got.items():
-                    stats[f"agent_{a}/{key}"].append(value)
-        for c, critic in enumerate(self.critics):
-            if critic.shared:
-                continue
-            rows = [s for s in samples[self.critic_agent(c)] if s.item_slot in chosen]
-            for key, value in self._critic_step(c, rows, batch.inputs[c]).items():
-                stats[self._critic_metric(c, key)].append(value)
-
-    def _actor_step(
-        self,
-        group: list[int],
-        samples: list[list[RolloutSample]],
-        idx: list[list[int]],
-        old: list[list[torch.Tensor]] | None,
-    ) -> list[dict[str, float]]:
-        """One optimizer step of each actor of ``group`` (and of its value head when shared)
-        over its rows ``samples[group[k]][i]`` for ``i`` in ``idx[k]``, scored together
-        (``adapters.joint_pass``): each loss is the one its agent has alone, and each adapter
-        and head receives only its own gradient."""
-        args = self.args
-        for a in group:
-            self.agents[a].model.train()
-            self.optimizers[a].zero_grad(set_to_none=True)
-        flat = [(k, i) for k, rows in enumerate(idx) for i in rows]
-        size = args.forward_batch_size or max(len(flat), 1)
-        # Statistics stay on the device until the step ends: one copy to the host per step.
-        sums: list[dict[str, torch.Tensor]] = [{} for _ in group]
-        kls: list[list[tuple[list[int], torch.Tensor]]] = [[] for _ in group]
-        for start in range(0, len(flat), size):
-            chunk = flat[start : start + size]
-            self._chunk_loss(group, samples, idx, old, chunk, sums, kls).backward()
-        out = []
-        for k, a in enumerate(group):
-            stats, kl_by_turn = host_stats(sums[k], kls[k])
-            stats["grad_norm"] = clip_and_step(self.optimizers[a], args.max_grad_norm)
-            if f"agent_{a}" in self.schedulers:
-                self.schedulers[f"agent_{a}"].step()
-            stats.update(kl_turn_stats(kl_by_turn, args.reference_kl_coef))
-            out.append(stats)
-        return out
-
-    def _chunk_loss(
-        self,
-        group: list[int],
-        samples: list[list[RolloutSample]],
-        idx: list[list[int]],
-        old: list[list[torch.Tensor]] | None,
-        chunk: list[tuple[int, int]],
-        sums: list[dict[str, torch.Tensor]],
-        kls: list[list[tuple[list[int], torch.Tensor]]],
-    ) -> torch.Tensor:
-        """The group's summed, weighted losses of one chunk of rows (``(k, i)``: sample ``i``
-        of agent ``group[k]``); each agent's loss statistics are added to ``sums[k]``."""
-        args, refs = self.args, self.reference_models
-        rows = [(k, samples[group[k]][i]) for k, i in chunk]
-        # A value head on the actor reads the trunk during this very scoring forward.
-        heads = HeadCaptures([self._head_on_actor(a) for a in group])
-        scored = self._joint_pass(group, rows, None if refs is None else refs[group[0]], heads)
-        device = scored.logprobs.device
-        positions = torch.tensor([len(s.prompt_ids) - 1 for _, s in rows], device=device)
-        total = scored.logprobs.new_zeros(())
-        for k, a in enumerate(group):
-            mine = scored.rows(k)
-            if not mine:
-                continue
-            picked = [rows[r][1] for r in mine]
-            # Alone (every row its own), the tensors are used as they are: no gathered copy.
-            sel = slice(None) if len(mine) == len(rows) else torch.tensor(mine, device=device)
-            captured = heads.captured[k]
-            losses = actor_losses(
-                picked, scored.logprobs[sel], scored.batch.completion_mask[sel], args,
-                old=None if old is None else [old[a][chunk[r][1]] for r in mine],
-                values=None if captured is None else captured.values(positions)[sel],
-                ref_logprobs=None if scored.reference is None else scored.reference[sel],
-            )  # fmt: skip
-            part = losses["policy_loss"]
-            if "value_loss" in losses:
-                part = part + args.value_loss_coef * losses["value_loss"]
-            kl = losses.pop("reference_kl", None)
-            if kl is not None:
-                part = part + args.reference_kl_coef * kl.mean()
-                kls[k].append(([s.turn for s in picked], kl.detach()))
-            weight = len(mine) / len(idx[k])
-            total = total + part * weight
-            for key, value in losses.items():
-                sums[k][key] = sums[k].get(key, 0.0) + value.detach() * weight
-        return total
-
     def _head_on_actor(self, a: int) -> ValueModel | None:
         critic = self.critics[self.critic_index(a)]
         return critic if critic.shared and critic.model is self.agents[a].model else None
-
-    def _critic_step(
-        self, c: int, rows: list[RolloutSample], inputs: CriticInputs
-    ) -> dict[str, float]:
-        """One optimizer step of a separate critic over ``rows``; each state is read once."""
-        # Critics are all separate or all heads on actors, so the indices line up.
-        critic, encoder = self.critics[c], self.critic_encoders[c]
-        optimizer = self.critic_optimizers[c]
-        critic.train()
-        optimizer.zero_grad(set_to_none=True)
-        keys = list(dict.fromkeys(s.state_key for s in rows))
-        size = self.args.forward_batch_size or len(keys)
-        losses: list[torch.Tensor] = []  # read once at the end: a read per chunk would wait
-        for start in range(0, len(keys), size):
-            local = {k: i for i, k in enumerate(keys[start : start + size])}
-            chunk = [s for s in rows if s.state_key in local]
-            state_values = critic.values(
-                [inputs[k] for k in local], encoder.pad_token_id, grad=True
-            )
-            index = torch.tensor([local[s.state_key] for s in chunk], device=state_values.device)
-            loss = sample_value_loss(state_values[index], chunk, self.args.value_clip_range) * (
-                len(chunk) / len(rows)
-            )
-            (self.args.value_loss_coef * loss).backward()
-            losses.append(loss.detach())
-        grad_norm = clip_and_step(optimizer, self.args.max_grad_norm)
-        if f"critic_{c}" in self.schedulers:
-            self.schedulers[f"critic_{c}"].step()
-        return {"value_loss": float(sum(losses)), "grad_norm": grad_norm}
 
     # -- saving ---------------------------------------------------------------------------------
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
         """``agent_i`` and ``critic_i`` (a shared critic is its head alone; the head's optimizer
         state is in its actor's optimizer)."""
         models: dict[str, torch.nn.Module] = checkpoint_models(self.agents)
-        optimizers: dict[str, Any] = {f"agent_{i}": o for i, o in enumerate(self.optimizers)}
         models.update({f"critic_{c}": critic for c, critic in enumerate(self.critics)})
-        optimizers.update({f"critic_{c}": opt for c, opt in enumerate(self.critic_optimizers)})
-        return models, optimizers
-
-    def apply_learning_rates(self) -> None:
-        """Actors at ``agent_learning_rate``, critics (heads included) at ``critic_lr``; the
-        config wins over the lr a resumed optimizer brings."""
-        args = self.args
-        for a, optimizer in enumerate(self.optimizers):  # groups after the first: a value head
-            lrs = [args.agent_learning_rate] + [args.critic_lr] * (len(optimizer.param_groups) - 1)
-            apply_learning_rates(optimizer, self.schedulers.get(f"agent_{a}"), lrs)
-        for c, optimizer in enumerate(self.critic_optimizers):
-            lrs = [args.critic_lr] * len(optimizer.param_groups)
-            apply_learning_rates(optimizer, self.schedulers.get(f"critic_{c}"), lrs)
+        return models, dict(self.named_optimizers())

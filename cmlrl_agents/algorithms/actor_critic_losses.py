@@ -1,87 +1,68 @@
-"""The actor-critic losses of one scored chunk: pure functions of tensors and samples.
+"""A separate critic's optimizer step: its value loss over a round's states, as an engine plan.
 
-The learner scores a chunk's rows (one agent, or adapter agents of one base in one
-mixed-adapter pass, ``adapters.joint_pass``) and hands each agent's rows here: its policy loss
-(REINFORCE or PPO-clipped), its value head's loss when the head sits on the actor, and its k3 KL
-to the reference.
+Each state is read once per step (a chunk is ``forward_batch_size`` distinct states) and every
+sample of it regresses to its GAE return, so a state shared by G samples weighs G times; the
+loss is the mean over the step's samples (over every rank's share), clipped around the
+rollout-time values when ``value_clip_range`` is given.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig
-from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample
-from cmlrl_agents.functional.losses import kl_k3, policy_gradient_loss, value_loss
+from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample, StateKey
+from cmlrl_agents.functional.losses import value_loss
+from cmlrl_agents.learning.engine import ChunkLoss, StepPlan
+from cmlrl_agents.policies.value_head import ValueModel
 
-__all__ = ["actor_losses", "host_stats", "sample_value_loss"]
+__all__ = ["critic_plan"]
+
+CriticInputs = dict[StateKey, list[int]]
 
 
-def actor_losses(
+def critic_plan(
+    name: str,
+    critic: ValueModel,
+    optimizer: torch.optim.Optimizer,
     rows: Sequence[RolloutSample],
-    logprobs: torch.Tensor,
-    mask: torch.Tensor,
+    inputs: CriticInputs,
+    pad_id: int,
     args: ActorCriticConfig,
-    *,
-    old: Sequence[torch.Tensor] | None = None,
-    values: torch.Tensor | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """``policy_loss`` of ``rows`` (their ``[B, L]`` ``logprobs`` and completion ``mask``), plus
-    ``value_loss`` given the head's ``values`` and ``reference_kl`` (per row) given the
-    reference's log-probs; ``old`` holds each row's completion log-probs before the update."""
-    device = logprobs.device
-    old_lp = None
-    if old is not None:
-        old_lp = torch.zeros_like(logprobs)
-        old_lp[mask.bool()] = torch.cat(list(old)).to(device)
-    adv = torch.tensor(
-        [
-            s.normalized_advantage if s.normalized_advantage is not None else s.advantage
-            for s in rows
-        ],
-        device=device,
+) -> StepPlan[list[StateKey]]:
+    """One step of critic ``name`` (``critic_c``) over ``rows``, which read ``inputs``."""
+    keys = list(dict.fromkeys(s.state_key for s in rows))
+    size = args.forward_batch_size or max(len(keys), 1)
+    chunks = [keys[s : s + size] for s in range(0, len(keys), size)]
+    by_state: dict[StateKey, list[RolloutSample]] = {}
+    for s in rows:
+        by_state.setdefault(s.state_key, []).append(s)
+
+    def count(chunk: list[StateKey]) -> dict[str, float]:
+        return {f"{name}/samples": float(sum(len(by_state[k]) for k in chunk))}
+
+    def loss(chunk: list[StateKey], totals: Mapping[str, float]) -> ChunkLoss:
+        critic.train()
+        values = critic.values([inputs[k] for k in chunk], pad_id, grad=True)
+        index = [i for i, k in enumerate(chunk) for _ in by_state[k]]
+        picked = [s for k in chunk for s in by_state[k]]
+        device = values.device
+        targets = torch.tensor([s.returns for s in picked], device=device)
+        old = None
+        if args.value_clip_range is not None:
+            old = torch.tensor([s.value for s in picked], device=device)
+        part = value_loss(values[torch.tensor(index, device=device)], targets, old,
+                          args.value_clip_range)  # fmt: skip
+        part = part * (len(picked) / totals[f"{name}/samples"])
+        return ChunkLoss(args.value_loss_coef * part, {f"{name}/value_loss": part.detach()})
+
+    return StepPlan(
+        optimizers={name: optimizer},
+        chunks=chunks,
+        count=count,
+        loss=loss,
+        count_keys=[f"{name}/samples"],
+        sum_keys=[f"{name}/value_loss"],
     )
-    out = {
-        "policy_loss": policy_gradient_loss(
-            logprobs, mask, adv, "sequence_sum", old_lp, args.ppo_clip_range
-        )
-    }
-    if values is not None:
-        out["value_loss"] = sample_value_loss(values, rows, args.value_clip_range)
-    if ref_logprobs is not None:
-        out["reference_kl"] = kl_k3(logprobs, ref_logprobs, mask)
-    return out
-
-
-def sample_value_loss(
-    values: torch.Tensor, rows: Sequence[RolloutSample], clip_range: float | None
-) -> torch.Tensor:
-    """The value loss of ``values`` (one per row) to the rows' GAE returns, clipped around the
-    values at collection when ``clip_range`` is given."""
-    targets = torch.tensor([s.returns for s in rows], device=values.device)
-    old = (
-        None if clip_range is None else torch.tensor([s.value for s in rows], device=values.device)
-    )
-    return value_loss(values, targets, old, clip_range)
-
-
-def host_stats(
-    sums: dict[str, torch.Tensor], kls: list[tuple[list[int], torch.Tensor]]
-) -> tuple[dict[str, float], dict[int, list[float]]]:
-    """A step's loss sums and per-sample KLs (with their turns), gathered on the device, as
-    floats from ONE device-to-host copy."""
-    keys = list(sums)
-    pieces = [torch.stack([sums[key] for key in keys])] if keys else []
-    pieces += [kl for _, kl in kls]
-    if not pieces:
-        return {}, {}
-    flat = torch.cat([p.reshape(-1).float() for p in pieces]).tolist()
-    by_turn: dict[int, list[float]] = defaultdict(list)
-    turns = [t for ts, _ in kls for t in ts]
-    for turn, value in zip(turns, flat[len(keys) :], strict=True):
-        by_turn[turn].append(value)
-    return dict(zip(keys, flat[: len(keys)], strict=True)), by_turn

@@ -7,9 +7,10 @@ joint action continues which chain, the GAE advantages and returns of every join
 
 Chains: with ``num_generations = G`` in a single turn, each of an item's G joint actions is its own
 one-step chain from the same state. With several turns G must be 1, so every item is one chain
-whose length is the number of turns played (early termination makes chains ragged; GAE treats the
-end as terminal). With G > 1 over several turns every turn-1 sample would head G**(T-1) chains
-(MAGRPO trains on such trees instead).
+whose length is the number of turns played (an early-ended chain is terminal with its absorbing
+reward: :mod:`cmlrl_agents.learning.credit`). With G > 1 over several turns every turn-1 sample
+would head G**(T-1) chains (MAGRPO trains on such trees instead). GAE itself is
+:func:`~cmlrl_agents.learning.credit.chain_credit`.
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from cmlrl_agents.functional.advantages import normalize_batch
-from cmlrl_agents.functional.returns import gae
+from cmlrl_agents.learning.batch import PolicyRow
+from cmlrl_agents.runs.distributed import DataParallel
 from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = [
     "RolloutSample",
     "StateKey",
     "agent_rollouts",
-    "chain_gae",
     "normalized",
     "value_metrics",
 ]
@@ -57,6 +57,26 @@ class RolloutSample:
     completion_ids: tuple[int, ...] = dataclasses.field(repr=False)
     item_slot: int = dataclasses.field(repr=False)
     state_key: StateKey = dataclasses.field(repr=False)
+    finished: bool = dataclasses.field(default=True, repr=False)
+    sampler_logprobs: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+
+    def row(self) -> PolicyRow:
+        """This sample as a row of the actor's policy step (with its value-head target)."""
+        advantage = (
+            self.advantage if self.normalized_advantage is None else self.normalized_advantage
+        )
+        return PolicyRow(
+            agent=self.agent_idx,
+            item_slot=self.item_slot,
+            turn=self.turn,
+            prompt_ids=self.prompt_ids,
+            completion_ids=self.completion_ids,
+            advantage=advantage,
+            finished=self.finished,
+            sampler_logprobs=self.sampler_logprobs,
+            value_target=self.returns,
+            value_old=self.value,
+        )
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -74,35 +94,6 @@ class RolloutSample:
             "advantage": self.advantage,
             "normalized_advantage": self.normalized_advantage,
         }
-
-
-def chain_gae(
-    tree: RolloutTree, state_values: list[torch.Tensor], discount: float, lam: float
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """GAE advantages and returns of every joint action, per level ``[branches, J]``.
-
-    ``state_values[t]`` is ``[branches]``: V of each state of level ``t``. Level 0's joint actions
-    start the chains; a later level's branch continues its parent's chain (needs J = 1 there).
-    """
-    if len(tree.levels) > 1 and any(len(level.joints) != 1 for level in tree.levels):
-        raise ValueError("multi-turn chains need num_generations=1 (one joint action per state).")
-    first = tree.levels[0]
-    chains = [torch.arange(len(first.states) * len(first.joints)).reshape(len(first.states), -1)]
-    for level in tree.levels[1:]:
-        chains.append(chains[-1].reshape(-1)[torch.tensor(level.parent)].reshape(-1, 1))
-    shape = (chains[0].numel(), len(tree.levels))
-    rewards, values = torch.zeros(shape), torch.zeros(shape)
-    mask = torch.zeros(shape, dtype=torch.bool)
-    for t, (level, ids) in enumerate(zip(tree.levels, chains, strict=True)):
-        flat = ids.reshape(-1)
-        rewards[flat, t] = level.rewards.reshape(-1)
-        values[flat, t] = state_values[t].float().repeat_interleave(len(level.joints))
-        mask[flat, t] = True
-    adv, ret = gae(rewards, values, mask, discount, lam)
-    return (
-        [adv[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
-        [ret[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
-    )
 
 
 def agent_rollouts(
@@ -136,18 +127,35 @@ def agent_rollouts(
                         completion.completion_ids,
                         level.item_slot[b],
                         (t, b),
+                        completion.finished,
+                        completion.sampler_logprobs,
                     )
                 )
     return samples
 
 
-def normalized(samples: list[RolloutSample]) -> list[RolloutSample]:
-    """``normalized_advantage`` = the z-scored advantage over ``samples`` (one agent's round)."""
-    # One sample has no spread to normalise by (its z-score is 0): keep the raw advantage.
-    if len(samples) < 2:
-        return [dataclasses.replace(s, normalized_advantage=s.advantage) for s in samples]
-    z = normalize_batch(torch.tensor([s.advantage for s in samples])).tolist()
-    return [dataclasses.replace(s, normalized_advantage=v) for s, v in zip(samples, z, strict=True)]
+def normalized(samples: list[RolloutSample], parallel: DataParallel) -> list[RolloutSample]:
+    """``normalized_advantage`` = the z-score of each advantage over ``samples`` (one agent's
+    round; under torchrun over every rank's share, so the result is the one-process one).
+
+    The config refuses rounds of fewer than two samples (``advantage_normalization`` with
+    ``rollout_buffer_size * num_generations < 2``), whose z-score would be 0 everywhere.
+    """
+    values = [s.advantage for s in samples]
+    count, total, squares = parallel.sum_vector(
+        [len(values), sum(values), sum(v * v for v in values)]
+    )
+    if count < 2:
+        raise ValueError(
+            f"advantage normalization over a round of {int(count)} sample(s) is undefined; "
+            "raise rollout_buffer_size (or num_generations), or set advantage_normalization=False."
+        )
+    mean = total / count
+    std = max(squares / count - mean * mean, 0.0) ** 0.5
+    return [
+        dataclasses.replace(s, normalized_advantage=(s.advantage - mean) / (std + 1e-8))
+        for s in samples
+    ]
 
 
 def value_metrics(rows: Mapping[str, list[RolloutSample]]) -> dict[str, float]:

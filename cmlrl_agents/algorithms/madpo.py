@@ -26,10 +26,12 @@ from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PreparedPairs
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.policies.reference import Reference
+from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.logging import ProgressBar
 from cmlrl_agents.runs.plotting import plot_metrics
+from cmlrl_agents.runs.trainer_base import PAIR_KEYS
+from cmlrl_agents.runs.trainer_checks import resume_target, train_kwargs_error
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
-from cmlrl_agents.runs.trainer_runs import resume_target, train_kwargs_error
 
 __all__ = ["MADPOTrainer"]
 
@@ -110,7 +112,7 @@ class MADPOTrainer(PreferenceTrainer):
         self.logger.flush()
         if args.save_steps:
             self.save_checkpoint()
-        if self.logger.history:
+        if self.logger.history and self.parallel.is_main:
             plot_metrics(self.run_dir)
         return last
 
@@ -141,8 +143,13 @@ class MADPOTrainer(PreferenceTrainer):
 
     def dpo_epoch(self, data: PreparedPairs) -> dict[str, float]:
         """One shuffled pass of DPO steps over ``data``; the steps' mean metrics (``loss``,
-        ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``, ``dpo/rejected_reward``)."""
-        order = torch.randperm(len(data.pairs)).tolist()
+        ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``, ``dpo/rejected_reward``).
+
+        The order is drawn from the run's seed, the round and the epoch (the same on every rank
+        of a launch, and unchanged by evaluation or resuming)."""
+        key = row_key(self.sample_seed, PAIR_KEYS, self.epoch, self.epoch_position)
+        generator = torch.Generator().manual_seed(key)
+        order = torch.randperm(len(data.pairs), generator=generator).tolist()
         size = self.args.pair_batch_size
         sums: dict[str, list[float]] = defaultdict(list)
         for start in range(0, len(order), size):

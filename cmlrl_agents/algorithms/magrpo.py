@@ -20,8 +20,8 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MAReMaxConfig,
     MARLOOConfig,
 )
-from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner, Sample, agent_samples
-from cmlrl_agents.runs.distributed import aggregate_metrics, data_parallel, turn_weights
+from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
+from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
 from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
@@ -33,8 +33,6 @@ __all__ = [
     "MAREINFORCETrainer",
     "MAReMaxTrainer",
     "MARLOOTrainer",
-    "Sample",
-    "agent_samples",
     "eval_chains",
 ]
 
@@ -60,7 +58,6 @@ class MAGRPOTrainer(TeamTrainer):
     """
 
     algorithm = "magrpo"
-    supports_data_parallel = True
     config_class: type[MAGRPOConfig] = MAGRPOConfig
     fixed_fields = (*TeamTrainer.fixed_fields, "reference_kl_enabled")
 
@@ -84,7 +81,7 @@ class MAGRPOTrainer(TeamTrainer):
         super().__init__(args=args, agent_model=agent_model, **team)
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
-        self.learner = PolicyGradientLearner(self.agents, args)
+        self.learner = PolicyGradientLearner(self.agents, args, self.num_turns)
         self.rounds = 0  # rounds trained by this object; tree_plot_interval counts them
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
@@ -95,6 +92,9 @@ class MAGRPOTrainer(TeamTrainer):
 
     def _items_per_round(self) -> int:
         return self.args.rollout_buffer_size
+
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "num_generations": self.args.num_generations}
 
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
         """``eval_aggregator(eval_logger(...), num_turns=T)`` over every evaluated item."""
@@ -118,7 +118,7 @@ class MAGRPOTrainer(TeamTrainer):
 
     # -- one round ----------------------------------------------------------------------------
     def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
-        args, parallel = self.args, data_parallel()
+        args, parallel = self.args, self.parallel
         tree = collect_tree(
             self.env,
             self.agents,
@@ -127,12 +127,13 @@ class MAGRPOTrainer(TeamTrainer):
             sampling=self.agent_sampling,
             joint_mode=args.joint_mode,
             backend=self.generation_backend,
+            sample_key=self.round_key(),
         )
         plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
         if plot and parallel.is_main:
             self.save_tree(tree)
         self.rounds += 1
-        metrics = self.learner.update(tree)
+        metrics = self.learner.update(self.learner.batch(tree))
         self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
         counts = {level.turn: level.num_joint_actions for level in tree.levels}
         weights = turn_weights(metrics, counts)

@@ -51,6 +51,11 @@ class MAGRPOConfig(SharedConfig):
     """Task items rolled out together (one batched generate per agent and turn) per update:
     4 items make generate batches of 16 completions per agent, 2.4x cheaper per completion than
     the reference's batches of 4 on 2 CPU cores (benchmarks/vs_comlrl.py)."""
+    ppo_clip_range: float | None = 0.2
+    """PPO's clip of the ratio to the policy that sampled, on rounds of several optimizer steps
+    (``train_batch_size < rollout_buffer_size``): the later steps train on samples of a policy
+    that has moved since. A round of one step is on-policy and needs none (None: refuse rounds
+    of several steps)."""
     reference_kl_enabled: bool = False
     """Penalise divergence from a frozen copy of each agent's initial weights."""
     reference_kl_coef: float = 0.1
@@ -75,6 +80,14 @@ class MAGRPOConfig(SharedConfig):
         self._real("reference_kl_coef", 0.0)
         self._bool("prefix_sharing")
         self._int("tree_plot_interval", 0)
+        self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
+        if self.ppo_clip_range is None and self.items_per_step < self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} < rollout_buffer_size="
+                f"{self.rollout_buffer_size} gives a round several optimizer steps, whose later "
+                "steps train on samples of a policy that has moved since; that needs "
+                "ppo_clip_range (e.g. 0.2) for the importance ratio, or train_batch_size=None."
+            )
         if self.advantage_mode == "raw" and self.advantage_normalization:
             raise ValueError(
                 "advantage_mode='raw' with advantage_normalization=True: raw returns have no "

@@ -44,8 +44,8 @@ from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, prefer
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
 from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
 from cmlrl_agents.runs.trainer import TeamTrainer
+from cmlrl_agents.runs.trainer_checks import resume_target, train_kwargs_error
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
-from cmlrl_agents.runs.trainer_runs import resume_target, train_kwargs_error
 
 __all__ = ["MARLHFTrainer", "RL_TRAINERS"]
 
@@ -169,8 +169,10 @@ class MARLHFTrainer(PreferenceTrainer):
         if self.args.seed is not None:
             set_seed(self.args.seed)
         if resume is None:  # refuse another run's RL checkpoints before any pair is built
-            self.rl_trainer._start_fresh()
-        self.logger.write_config()
+            self.rl_trainer.checkpointer.start_fresh(
+                self.rl_trainer.run_id, self.rl_trainer.args.overwrite_output_dir
+            )
+        self.logger.record_config(self._run_config())
         start, rl_resume = (0, None) if resume is None else self._restore(resume)
         last: dict[str, float] = {}
         for k in range(start, self.args.num_iterations):
@@ -190,9 +192,11 @@ class MARLHFTrainer(PreferenceTrainer):
             else:
                 pairs = self.round_pairs(k)
                 record = self.round_record(k)
-                partial = record.with_suffix(".json.tmp")  # renamed: never half written
-                partial.write_text(json.dumps({"env_step": self.env_step}) + "\n")
-                partial.replace(record)
+                if self.parallel.is_main:
+                    partial = record.with_suffix(".json.tmp")  # renamed: never half written
+                    partial.write_text(json.dumps({"env_step": self.env_step}) + "\n")
+                    partial.replace(record)
+                self.parallel.barrier()
             if not (resumed and self._saved_reward_round() == k):
                 self.fit_reward_model(pairs, k)
             rl.env_step = self.env_step  # one env_step axis across the phases
@@ -233,10 +237,12 @@ class MARLHFTrainer(PreferenceTrainer):
         )
         metrics["reward_model/replay_pairs"] = float(len(replay))
         self.logger.log_now(metrics, self.env_step)
-        with atomic_dir(self.reward_model_dir) as tmp:
-            torch.save(self.reward_model.model.state_dict(), tmp / "model.pt")
-            (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-            (tmp / "round.json").write_text(json.dumps({"round": round_index}) + "\n")
+        if self.parallel.is_main:  # every rank fitted the same model; one writes it
+            with atomic_dir(self.reward_model_dir) as tmp:
+                torch.save(self.reward_model.model.state_dict(), tmp / "model.pt")
+                (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+                (tmp / "round.json").write_text(json.dumps({"round": round_index}) + "\n")
+        self.parallel.barrier()
         self.reward_metrics = metrics
         return metrics
 
@@ -249,12 +255,12 @@ class MARLHFTrainer(PreferenceTrainer):
         """Where a resumed run starts: the round, and the RL checkpoint to resume inside that
         round's RL phase (None: the round starts before it, from the checkpoint's weights)."""
         rl = self.rl_trainer
-        path = latest_checkpoint(rl.checkpoint_root) if str(resume) == "latest" else Path(resume)
+        path = latest_checkpoint(rl.checkpointer.root) if str(resume) == "latest" else Path(resume)
         start, inside = 0, False
         if path is None:  # the RL phase saved nothing: round 0, from the initial weights
             if self.round_record(1).is_file():
                 raise ValueError(
-                    f"{self.run_dir} reached round 1 but {rl.checkpoint_root} holds no "
+                    f"{self.run_dir} reached round 1 but {rl.checkpointer.root} holds no "
                     "checkpoint of the policy after round 0, so the run cannot continue; set "
                     "rl_args.save_steps > 0 (each RL phase then ends with one) and start again."
                 )

@@ -19,26 +19,32 @@ before its pass and before the backward of the joint loss.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
+from cmlrl_agents.algorithms.policy_gradient import step_groups
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
-from cmlrl_agents.algorithms.schedules import apply_learning_rates, make_schedulers
-from cmlrl_agents.functional.preference_losses import dpo_loss, dpo_margin_stats, joint_log_ratio
-from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups, joint_pass
+from cmlrl_agents.functional.preference_losses import dpo_loss, joint_log_ratio
+from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.learning.learner import OptimizedLearner
+from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.policies.adapters import checkpoint_models, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_logprobs, reference_policies
 from cmlrl_agents.policies.tokens import build_batch
+from cmlrl_agents.runs.distributed import data_parallel
 
 __all__ = ["DPOLearner", "PreparedPairs", "pair_tokens"]
 
 Rows = list[list[int]]
+
+DPO_STATS = ("accuracy", "margin", "chosen_reward", "rejected_reward")
+"""A DPO step's metrics (means over its pairs of the implicit rewards ``beta * log-ratio``)."""
 
 
 def pair_tokens(pair: PreferencePair, agents: Sequence[LLMAgent]) -> tuple[Rows, Rows, Rows]:
@@ -73,29 +79,31 @@ class PreparedPairs:
     ref_rejected: Tensor
 
 
-class DPOLearner:
+class DPOLearner(OptimizedLearner):
     """Per agent: an AdamW optimizer (of its adapter, for an adapter agent) and its frozen
     reference: a copy of its initial weights, or its base with adapters disabled."""
 
     def __init__(self, agents: Sequence[LLMAgent], args: MADPOConfig) -> None:
         self.agents = list(agents)
         self.args = args
+        self.parallel = data_parallel()
+        self.parallel.broadcast_parameters(a.model for a in self.agents)
+        self.engine = StepEngine(self.parallel)
         self.optimizers: list[torch.optim.Optimizer] = [
-            make_adamw(agent.trainable_parameters(), args.agent_learning_rate, f"agents[{i}]")
+            make_adamw(
+                agent.trainable_parameters(),
+                args.agent_learning_rate,
+                f"agents[{i}]",
+                args.weight_decay,
+            )  # fmt: skip
             for i, agent in enumerate(self.agents)
         ]
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] = reference_policies(self.agents, devices)
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
 
-    def schedule(self, rounds: object = None) -> None:
-        """Warmup schedulers (constant after warmup: the step count is not known ahead)."""
-        if self.schedulers:
-            return
-        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
-        self.schedulers = make_schedulers(
-            optimizers, self.args.lr_scheduler_type, self.args.warmup_steps, None
-        )
+    def named_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
 
     def _unfreeze(self, agents: Sequence[int]) -> None:
         for a in agents:
@@ -108,9 +116,9 @@ class DPOLearner:
         current policy, with gradients, on the CPU (the joint sum needs every agent's values on
         one device): mixed-adapter passes for the adapters of a shared base, else one pass per
         agent of its chosen and rejected rows."""
-        n, joint = len(chunk), joint_groups(self.agents)
+        n = len(chunk)
         out: list[Tensor] = [torch.empty(0)] * len(self.agents)
-        for group in [*joint, *([a] for a in self._single_agents(joint))]:
+        for group in step_groups(self.agents):
             prompts, rows = [], []
             for a in group:
                 mine = [data.prompts[a][i] for i in chunk]
@@ -126,10 +134,6 @@ class DPOLearner:
         self._unfreeze(range(len(self.agents)))
         scores = torch.stack(out)
         return scores[:, :n], scores[:, n:]
-
-    def _single_agents(self, joint: list[list[int]]) -> list[int]:
-        grouped = {a for group in joint for a in group}
-        return [a for a in range(len(self.agents)) if a not in grouped]
 
     def prepare(self, pairs: list[PreferencePair]) -> PreparedPairs:
         """Tokenize the pairs and score them once under the reference models."""
@@ -156,40 +160,49 @@ class DPOLearner:
 
     def step(self, data: PreparedPairs, indices: Sequence[int]) -> dict[str, float]:
         """One optimizer step per agent on the pairs ``indices`` (forwards of
-        ``forward_batch_size`` pairs, scaled so that chunking changes nothing)."""
-        args = self.args
-        for agent, optimizer in zip(self.agents, self.optimizers, strict=True):
-            agent.model.train()
-            optimizer.zero_grad(set_to_none=True)
-        size = args.forward_batch_size or len(indices)
-        loss_sum, chosen_all, rejected_all = 0.0, [], []
-        for s in range(0, len(indices), size):
-            chunk = list(indices[s : s + size])
-            pol_c, pol_r = self.policy_logprobs(data, chunk)
-            chosen = joint_log_ratio(pol_c, data.ref_chosen[:, chunk])
-            rejected = joint_log_ratio(pol_r, data.ref_rejected[:, chunk])
-            loss = dpo_loss(chosen, rejected, args.dpo_beta).sum() / len(indices)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            chosen_all.append(chosen.detach())
-            rejected_all.append(rejected.detach())
-        stats = {"loss": loss_sum}
-        stats.update(
-            dpo_margin_stats(torch.cat(chosen_all), torch.cat(rejected_all), args.dpo_beta)
+        ``forward_batch_size`` pairs); under torchrun every rank passes the step's same pairs
+        and takes its contiguous block of them."""
+        mine = self.parallel.shard(list(indices), max(len(indices), 1))
+        size = self.args.forward_batch_size or max(len(mine), 1)
+        plan = StepPlan(
+            optimizers=self.named_optimizers(),
+            chunks=[mine[s : s + size] for s in range(0, len(mine), size)],
+            count=lambda chunk: {"pairs": float(len(chunk))},
+            loss=lambda chunk, totals: self._loss(data, chunk, totals),
+            count_keys=["pairs"],
+            sum_keys=["loss", *(f"{k}_sum" for k in DPO_STATS)],
         )
-        for i, optimizer in enumerate(self.optimizers):
-            stats[f"agent_{i}/grad_norm"] = clip_and_step(optimizer, args.max_grad_norm)
-            if f"agent_{i}" in self.schedulers:
-                self.schedulers[f"agent_{i}"].step()
+        result = self.engine.step(
+            plan, max_grad_norm=self.args.max_grad_norm, schedulers=self.schedulers
+        )
+        pairs = max(result.totals["pairs"], 1.0)
+        stats = {"loss": result.stats["loss"]}
+        stats.update({k: result.stats[f"{k}_sum"] / pairs for k in DPO_STATS})
+        for i in range(len(self.agents)):
+            stats[f"agent_{i}/grad_norm"] = result.stats[f"agent_{i}/grad_norm"]
         return stats
+
+    def _loss(
+        self, data: PreparedPairs, chunk: list[int], totals: Mapping[str, float]
+    ) -> ChunkLoss:
+        for agent in self.agents:
+            agent.model.train()
+        beta = self.args.dpo_beta
+        pol_c, pol_r = self.policy_logprobs(data, chunk)
+        chosen = joint_log_ratio(pol_c, data.ref_chosen[:, chunk])
+        rejected = joint_log_ratio(pol_r, data.ref_rejected[:, chunk])
+        loss = dpo_loss(chosen, rejected, beta).sum() / totals["pairs"]
+        c, r = beta * chosen.detach(), beta * rejected.detach()
+        sums = {
+            "loss": loss.detach(),
+            "accuracy_sum": (c > r).float().sum(),
+            "margin_sum": (c - r).sum(),
+            "chosen_reward_sum": c.sum(),
+            "rejected_reward_sum": r.sum(),
+        }
+        return ChunkLoss(loss, sums)
 
     # -- saving ---------------------------------------------------------------------------------
     def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, object]]:
         models = checkpoint_models(self.agents)  # a shared base once, its adapters only
-        optimizers = {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
-        return models, optimizers
-
-    def apply_learning_rates(self) -> None:
-        for i, optimizer in enumerate(self.optimizers):
-            lrs = [self.args.agent_learning_rate] * len(optimizer.param_groups)
-            apply_learning_rates(optimizer, self.schedulers.get(f"agent_{i}"), lrs)
+        return models, dict(self.named_optimizers())

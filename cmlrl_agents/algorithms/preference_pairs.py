@@ -27,6 +27,7 @@ from typing import Any
 
 from cmlrl_agents.runs.redaction import REDACTED, is_secret_value
 from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_env._errors import add_context
 
 __all__ = [
     "PAIR_SELECTIONS",
@@ -156,13 +157,17 @@ class PairLabeler:
         try:
             return self.judge(list(a), list(b), item)
         except Exception as exc:
-            # The message may quote a request with its key: redact what looks like one.
-            raise RuntimeError(
-                f"the {self.name} raised {type(exc).__name__} while judging {where}: "
-                f"{_redacted(str(exc))}. Fix the {self.name} (its model, endpoint or "
-                "credentials), or label pairs another way (reward_func, preference_func or a "
-                "pairs file)."
-            ) from None
+            # The judge's own exception, its type kept (``except`` clauses around train() still
+            # catch it); its message may quote a request with its key, so what looks like one
+            # is redacted, and a note says where it happened.
+            exc.args = tuple(_redacted(a) if isinstance(a, str) else a for a in exc.args)
+            add_context(
+                exc,
+                f"raised by the {self.name} while judging {where}. Fix the {self.name} (its "
+                "model, endpoint or credentials), or label pairs another way (reward_func, "
+                "preference_func or a pairs file).",
+            )
+            raise
 
 
 def pairs_from_tree(tree: RolloutTree, labeler: PairLabeler) -> list[PreferencePair]:

@@ -26,9 +26,11 @@ from cmlrl_agents.algorithms.preference_pairs import (
     pairs_from_tree,
     save_pairs,
 )
+from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.metrics import turn_key
 from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.runs.trainer import TeamTrainer
+from cmlrl_agents.runs.trainer_base import PAIR_KEYS
 from cmlrl_agents.runs.trainer_keywords import check_team_keywords
 
 __all__ = ["PreferenceTrainer", "no_task_reward", "preference_team"]
@@ -140,7 +142,9 @@ class PreferenceTrainer(TeamTrainer):
             self.logger.log_now({"preference/pairs": float(len(pairs))}, self.env_step)
         else:
             pairs = self.build_pairs(round_index)
-        save_pairs(self.pairs_path(round_index), pairs, self.agent_names)
+        if self.parallel.is_main:
+            save_pairs(self.pairs_path(round_index), pairs, self.agent_names)
+        self.parallel.barrier()
         return pairs
 
     def saved_pairs(self, round_index: int) -> list[PreferencePair]:
@@ -171,17 +175,23 @@ class PreferenceTrainer(TeamTrainer):
         ]
         pairs: list[PreferencePair] = []
         rewards: list[float] = []
+        parallel, key = self.parallel, row_key(self.sample_seed, PAIR_KEYS, round_index)
         for start in range(0, len(items), size):
             tree = collect_tree(
                 self.env,
                 self.agents,
-                items[start : start + size],
+                parallel.shard(items[start : start + size], size),  # all in one process
                 num_generations=args.preference_num_candidates,
-                sampling=self.sampling,
+                sampling=self.agent_sampling,
+                backend=self.generation_backend,
+                sample_key=key,
             )
-            self.env_step += tree.env_steps
-            pairs.extend(pairs_from_tree(tree, self.labeler))
-            rewards.extend(float(r) for r in tree.levels[0].rewards.reshape(-1))
+            self.env_step += int(parallel.sum(tree.env_steps))
+            local = [float(r) for level in tree.levels[:1] for r in level.rewards.reshape(-1)]
+            # Every rank gets every rank's pairs, in item order: the round's one set of pairs.
+            for got, scores in parallel.gather((pairs_from_tree(tree, self.labeler), local)):
+                pairs.extend(got)
+                rewards.extend(scores)
         if not pairs:
             raise ValueError(self._no_pairs_message(round_index, len(items)))
         metrics = self._pair_metrics(round_index, pairs)
@@ -228,6 +238,6 @@ class PreferenceTrainer(TeamTrainer):
 
     def _identity(self) -> dict[str, Any]:
         return {
-            **self._team_identity(),
+            **super()._identity(),
             "preference_num_candidates": self.args.preference_num_candidates,
         }

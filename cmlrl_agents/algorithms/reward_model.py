@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cmlrl_agents.algorithms.optim import clip_and_step, make_adamw
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.functional.preference_losses import bradley_terry_loss, pair_accuracy
+from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.runs.distributed import data_parallel
 
 __all__ = ["PreferenceRewardModel", "joint_text", "split_pairs"]
 
@@ -132,6 +134,13 @@ class PreferenceRewardModel:
         rejected = self.score([joint_text(p.rejected, p.item) for p in pairs])
         return chosen, rejected
 
+    def _chunk_loss(
+        self, chunk: Sequence[PreferencePair], totals: Mapping[str, float]
+    ) -> ChunkLoss:
+        """A chunk's Bradley-Terry loss, its share of the step's mean over pairs."""
+        loss = bradley_terry_loss(*self.pair_scores(chunk)) * (len(chunk) / totals["pairs"])
+        return ChunkLoss(loss, {"loss": loss.detach()})
+
     def accuracy(self, pairs: Sequence[PreferencePair]) -> float:
         """Share of ``pairs`` whose chosen joint response scores higher."""
         self.model.eval()
@@ -159,16 +168,26 @@ class PreferenceRewardModel:
             metrics["reward_model/eval_accuracy_before"] = self.accuracy(eval_pairs)
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = make_adamw(params, learning_rate, "reward_model")
+        parallel = data_parallel()
+        engine = StepEngine(parallel)
         rng = random.Random(seed)
         for _ in range(epochs):
             order, losses = list(train_pairs), []
             rng.shuffle(order)
             self.model.train()
             for start in range(0, len(order), batch_size):
-                loss = bradley_terry_loss(*self.pair_scores(order[start : start + batch_size]))
-                loss.backward()
-                clip_and_step(optimizer, max_grad_norm)
-                losses.append(float(loss.detach()))
+                window = order[start : start + batch_size]
+                # Under torchrun each rank scores its block of the step's pairs.
+                mine = parallel.shard(window, len(window))
+                plan = StepPlan(
+                    optimizers={"reward_model": optimizer},
+                    chunks=[mine] if mine else [],
+                    count=lambda chunk: {"pairs": float(len(chunk))},
+                    loss=self._chunk_loss,
+                    count_keys=["pairs"],
+                    sum_keys=["loss"],
+                )
+                losses.append(engine.step(plan, max_grad_norm=max_grad_norm).stats["loss"])
             metrics["reward_model/loss"] = sum(losses) / len(losses)
         self.model.eval()
         metrics["reward_model/train_accuracy"] = self.accuracy(train_pairs)

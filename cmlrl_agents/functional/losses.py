@@ -16,10 +16,15 @@ from cmlrl_agents._checks import check_finite, check_float
 
 __all__ = [
     "AGGREGATIONS",
+    "aggregate",
     "kl_k3",
+    "kl_k3_tokens",
     "masked_mean",
     "masked_sum",
     "policy_gradient_loss",
+    "policy_token_losses",
+    "ratio_stats",
+    "truncated_is_weights",
     "value_loss",
 ]
 
@@ -70,23 +75,32 @@ def _check_policy_inputs(
     logprobs: Tensor,
     mask: Tensor,
     advantages: Tensor,
-    aggregation: str,
     old_logprobs: Tensor | None,
     clip_range: float | None,
+    check: bool,
 ) -> Tensor:
-    """Validate :func:`policy_gradient_loss`'s arguments; return the mask as bool."""
+    """Validate the per-token policy loss's arguments; return the mask as bool.
+
+    Shapes and dtypes are read from tensor metadata. The value checks (0/1 mask, finite entries,
+    a real token) read the tensors on the host, which waits for the device: a learner's hot
+    path passes ``check=False`` and checks its step's loss once instead (learning/engine.py).
+    """
     check_float("logprobs", logprobs, dim=2)
     shape = tuple(logprobs.shape)
-    valid = _bool_mask(mask, shape)
+    valid = _bool_mask(mask, shape) if check or mask.dtype != torch.bool else mask
     check_float("advantages", advantages, shape=shape[:1])
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if (old_logprobs is None) != (clip_range is None):
         raise ValueError(
             "old_logprobs and clip_range go together: pass both for the clipped surrogate or "
             f"neither; got old_logprobs={'None' if old_logprobs is None else 'tensor'}, "
             f"clip_range={clip_range}"
         )
+    if clip_range is not None and not clip_range > 0:
+        raise ValueError(f"clip_range must be > 0, got {clip_range}")
+    if old_logprobs is not None:
+        check_float("old_logprobs", old_logprobs, shape=shape)
+    if not check:
+        return valid
     if not bool(valid.any()):
         raise ValueError(
             "mask has no real token (all 0); every completion is empty — check the completion masks"
@@ -94,11 +108,90 @@ def _check_policy_inputs(
     check_finite("logprobs", logprobs, valid)
     check_finite("advantages", advantages)
     if old_logprobs is not None:
-        check_float("old_logprobs", old_logprobs, shape=shape)
         check_finite("old_logprobs", old_logprobs, valid)
-    if clip_range is not None and not clip_range > 0:
-        raise ValueError(f"clip_range must be > 0, got {clip_range}")
     return valid
+
+
+def policy_token_losses(
+    logprobs: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    *,
+    old_logprobs: Tensor | None = None,
+    clip_range: float | None = None,
+    is_weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    check: bool = True,
+) -> Tensor:
+    """``[B, L]`` per-token policy loss, 0 off the mask; :func:`aggregate` turns it into the
+    scalar to minimise.
+
+    Per real token ``s_it = -A_i * logp_it``, or with ``old_logprobs`` and ``clip_range`` PPO's
+    clipped surrogate ``-min(ratio * A_i, clip(ratio, 1-c, 1+c) * A_i)`` with
+    ``ratio = exp(logp_it - old_it)``; ``is_weights`` (detached, e.g.
+    :func:`truncated_is_weights`) multiply that term per token; with ``ref_logprobs`` the k3 KL
+    to the reference is added per token, ``+ kl_coef * k3_it`` (TRL's GRPO), so that the KL
+    weighs what the policy term weighs under every aggregation.
+
+    At ``ratio == 1`` the clipped form has the gradient of the plain one (its value is ``-A_i``
+    per token instead of ``-A_i * logp_it``).
+
+    Args:
+        logprobs: ``[B, L]`` float, log-probs of the sampled tokens under the current policy.
+        mask: ``[B, L]`` bool or 0/1; 1 on real completion tokens.
+        advantages: ``[B]`` float, one per sequence; detached (a weight, not a parameter).
+        old_logprobs: ``[B, L]`` log-probs under the policy that sampled (detached).
+        clip_range: ``c > 0``; needs ``old_logprobs``.
+        is_weights: ``[B, L]`` importance weights of the policy term (detached).
+        ref_logprobs: ``[B, L]`` the reference's log-probs of the same tokens.
+        kl_coef: the KL term's weight (>= 0).
+        check: validate values too (a host read); shapes are always checked.
+    """
+    valid = _check_policy_inputs(logprobs, mask, advantages, old_logprobs, clip_range, check)
+    zeros = torch.zeros_like(logprobs)
+    logp = torch.where(valid, logprobs, zeros)
+    adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)
+    if old_logprobs is None or clip_range is None:
+        per_token = -adv * logp
+    else:
+        old = torch.where(valid, old_logprobs.detach(), zeros)
+        ratio = torch.exp(logp - old)
+        clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if is_weights is not None:
+        check_float("is_weights", is_weights, shape=tuple(logprobs.shape))
+        per_token = per_token * is_weights.detach()
+    if ref_logprobs is not None:
+        if not kl_coef >= 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+        per_token = per_token + kl_coef * kl_k3_tokens(logprobs, ref_logprobs, valid, check=check)
+    return torch.where(valid, per_token, zeros)
+
+
+def aggregate(
+    token_losses: Tensor,
+    mask: Tensor,
+    aggregation: str,
+    *,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
+) -> Tensor:
+    """The scalar loss of per-token losses: their sum over ``num_sequences`` (``"sequence_sum"``:
+    each sequence's tokens summed, then the mean over sequences) or over ``num_tokens``
+    (``"token_mean"``: the mean over every real token, Dr.GRPO/DAPO-style).
+
+    The counts default to this batch's own; a learner that splits one optimizer step into
+    forward chunks (and ranks) passes the step's totals, so the chunks' losses add up to the
+    loss of the whole step.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "sequence_sum":
+        count = token_losses.shape[0] if num_sequences is None else num_sequences
+    else:
+        count = mask.sum() if num_tokens is None else num_tokens
+    return token_losses.sum() / count
 
 
 def policy_gradient_loss(
@@ -108,51 +201,64 @@ def policy_gradient_loss(
     aggregation: str = "sequence_sum",
     old_logprobs: Tensor | None = None,
     clip_range: float | None = None,
+    *,
+    is_weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> Tensor:
-    """Policy-gradient loss (REINFORCE, or PPO's clipped surrogate), a scalar to minimise.
-
-    Per real token the loss is ``s_it = -A_i * logp_it``, or with ``old_logprobs`` and
-    ``clip_range`` the clipped surrogate ``s_it = -min(ratio * A_i, clip(ratio, 1-c, 1+c) * A_i)``
-    with ``ratio = exp(logp_it - old_it)``. Aggregation over tokens and sequences:
+    """Policy-gradient loss of one batch (REINFORCE, or PPO's clipped surrogate), a scalar to
+    minimise: :func:`policy_token_losses` aggregated by :func:`aggregate`.
 
     - ``"sequence_sum"``: ``mean_i sum_t s_it`` (MAGRPO's objective: sequence log-prob summed,
       so longer completions carry more weight).
     - ``"token_mean"``: ``sum_{i,t} s_it / sum(mask)`` (Dr.GRPO/DAPO-style token mean).
 
-    At ``ratio == 1`` the clipped form has the same gradient as the plain one (its value is
-    ``-A_i`` per token instead of ``-A_i * logp_it``).
-
-    Args:
-        logprobs: ``[B, L]`` float, log-probs of the sampled tokens under the current policy.
-        mask: ``[B, L]`` bool or 0/1; 1 on real completion tokens. Must contain at least one 1.
-        advantages: ``[B]`` float, one per sequence. Detached: it is a weight, not a parameter.
-        aggregation: one of :data:`AGGREGATIONS`.
-        old_logprobs: ``[B, L]`` float, log-probs at sampling time (detached); needs ``clip_range``.
-        clip_range: ``c > 0``; needs ``old_logprobs``.
-
     Returns:
         A 0-d tensor carrying gradient to ``logprobs``.
     """
-    valid = _check_policy_inputs(logprobs, mask, advantages, aggregation, old_logprobs, clip_range)
-    zeros = torch.zeros_like(logprobs)
-    logp = torch.where(valid, logprobs, zeros)
-    adv = advantages.detach().unsqueeze(1)
-    if old_logprobs is None or clip_range is None:
-        per_token = -adv * logp
-    else:
-        old = torch.where(valid, old_logprobs.detach(), zeros)
-        ratio = torch.exp(logp - old)
-        clipped = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-        per_token = -torch.minimum(ratio * adv, clipped * adv)
-    per_token = torch.where(valid, per_token, zeros)
-
-    if aggregation == "sequence_sum":
-        loss = per_token.sum(dim=1).mean()
-    else:
-        loss = per_token.sum() / valid.sum().to(per_token.dtype)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    per_token = policy_token_losses(
+        logprobs, mask, advantages, old_logprobs=old_logprobs, clip_range=clip_range,
+        is_weights=is_weights, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+    )  # fmt: skip
+    loss = aggregate(per_token, _bool_mask(mask, tuple(logprobs.shape)), aggregation)
     # exp(logp - old) can overflow even when every input is finite.
     check_finite("policy loss (ratio overflow? logprobs far from old_logprobs)", loss)
     return loss
+
+
+def truncated_is_weights(
+    logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, cap: float
+) -> Tensor:
+    """``[B, L]`` truncated importance weights ``min(exp(logp - sampler_logp), cap)`` (1 off the
+    mask): the correction for tokens drawn by a sampler whose probabilities differ from the
+    trainer's (vLLM's kernels; TRL's and verl's TIS), truncated so that one token the sampler
+    found unlikely cannot dominate the step."""
+    check_float("sampler_logprobs", sampler_logprobs, shape=tuple(logprobs.shape))
+    if not cap >= 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    valid = _bool_mask(mask, tuple(logprobs.shape)) if mask.dtype != torch.bool else mask
+    ratio = torch.exp(logprobs.detach() - sampler_logprobs).clamp(max=cap)
+    return torch.where(valid, ratio, torch.ones_like(ratio))
+
+
+def ratio_stats(
+    logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float
+) -> dict[str, Tensor]:
+    """Detached sums over the real tokens of a PPO step's diagnostics (CleanRL's and TRL's):
+    ``ratio_sum``, ``ratio_max``, ``clipped`` (tokens whose ratio left ``[1-c, 1+c]``) and
+    ``approx_kl_sum`` (``(ratio - 1) - log ratio``, never negative); nothing is read on the host."""
+    valid = mask.bool()
+    log_ratio = torch.where(valid, (logprobs - old_logprobs).detach(), torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    outside = (ratio < 1 - clip_range) | (ratio > 1 + clip_range)
+    return {
+        "ratio_sum": torch.where(valid, ratio, 0.0).sum(),
+        "ratio_max": torch.where(valid, ratio, float("-inf")).max(),
+        "clipped": (outside & valid).sum().to(logprobs.dtype),
+        "approx_kl_sum": torch.where(valid, ratio - 1 - log_ratio, 0.0).sum(),
+    }
 
 
 def value_loss(
@@ -199,27 +305,33 @@ def value_loss(
     return torch.maximum(err, (clipped - targets.detach()) ** 2).mean()
 
 
-def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """Per-sequence KL(policy || reference) estimate, the k3 estimator summed over real tokens.
+def kl_k3_tokens(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, *, check: bool = True
+) -> Tensor:
+    """``[B, L]`` per-token k3 estimate of KL(policy || reference), 0 off the mask.
 
     Per token ``exp(d) - d - 1`` with ``d = ref_logp - logp``: unbiased for the KL when tokens
     are sampled from the policy, and never negative (``e^d >= 1 + d``), unlike ``-d``.
-    See http://joschu.net/blog/kl-approx.html.
-
-    Args:
-        logprobs: ``[B, L]`` float, log-probs of the sampled tokens under the policy.
-        ref_logprobs: ``[B, L]`` float, the same tokens under the reference model.
-        mask: ``[B, L]`` bool or 0/1; 1 on real completion tokens.
-
-    Returns:
-        ``[B]``; 0 for a sequence whose tokens have equal log-probs (or no real token).
+    See http://joschu.net/blog/kl-approx.html. Tokens sampled at a temperature other than 1 are
+    scored at that temperature (policy and reference alike), so the estimate is of the KL
+    between the two tempered distributions.
     """
     check_float("logprobs", logprobs, dim=2)
     shape = tuple(logprobs.shape)
     check_float("ref_logprobs", ref_logprobs, shape=shape)
-    valid = _bool_mask(mask, shape)
-    check_finite("logprobs", logprobs, valid)
-    check_finite("ref_logprobs", ref_logprobs, valid)
+    valid = _bool_mask(mask, shape) if check or mask.dtype != torch.bool else mask
+    if check:
+        check_finite("logprobs", logprobs, valid)
+        check_finite("ref_logprobs", ref_logprobs, valid)
     zeros = torch.zeros_like(logprobs)
-    d = torch.where(valid, ref_logprobs - logprobs, zeros)
-    return torch.where(valid, torch.exp(d) - d - 1.0, zeros).sum(dim=1)
+    d = torch.where(valid, ref_logprobs.detach() - logprobs, zeros)
+    return torch.where(valid, torch.exp(d) - d - 1.0, zeros)
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-sequence k3 KL estimate: :func:`kl_k3_tokens` summed over each row's real tokens.
+
+    Returns:
+        ``[B]``; 0 for a sequence whose tokens have equal log-probs (or no real token).
+    """
+    return kl_k3_tokens(logprobs, ref_logprobs, mask).sum(dim=1)

@@ -12,7 +12,14 @@ from torch import Tensor
 
 from cmlrl_agents._checks import check_finite, check_float
 
-__all__ = ["cross_credit", "discounted_returns", "ended_chain_returns", "gae", "tree_returns"]
+__all__ = [
+    "cross_credit",
+    "discounted_returns",
+    "ended_chain_returns",
+    "gae",
+    "held_rewards",
+    "tree_returns",
+]
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -76,7 +83,7 @@ def tree_returns(
         ``T`` tensors; entry ``t`` has shape ``[n_t]``. One level gives the rewards (flat case).
     """
     _check_tree(rewards, parents, discount)
-    held = _held_rewards(rewards, turns_left, discount)
+    held = held_rewards(rewards, turns_left, discount)
     out: list[Tensor] = [rewards[-1] + held[-1]]
     for t in range(len(rewards) - 2, -1, -1):
         child_returns, idx = out[0], parents[t + 1]
@@ -142,7 +149,7 @@ def ended_chain_returns(
     return [float(r) for r in tree_returns(kept, parents, discount, left)]
 
 
-def _held_rewards(
+def held_rewards(
     rewards: list[Tensor], turns_left: list[Tensor] | None, discount: float
 ) -> list[Tensor]:
     """Per level, what an early-ended branch earns by keeping its reward for its unplayed turns:

@@ -24,7 +24,7 @@ from torch import nn
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.model_setup import LOW_PRECISION
 from cmlrl_agents.policies.reference import Reference, reference_logprobs
-from cmlrl_agents.policies.tokens import TokenBatch, build_batch
+from cmlrl_agents.policies.tokens import Temperature, TokenBatch, build_batch
 
 __all__ = [
     "JointPass",
@@ -177,6 +177,8 @@ class JointPass:
     reference: torch.Tensor | None
     owners: tuple[int, ...]
     """Per row: the position of its agent in the group that was scored."""
+    entropy: torch.Tensor | None = None
+    """Per token the policy's entropy (detached), when the pass was asked for it."""
 
     def rows(self, k: int) -> list[int]:
         """The rows of the group's ``k``-th agent."""
@@ -192,26 +194,31 @@ def joint_pass(
     *,
     policy_context: AbstractContextManager[Any] | None = None,
     prefix_sharing: bool = False,
+    temperature: Temperature = 1.0,
+    entropy: bool = False,
 ) -> JointPass:
     """Score rows of ``agents`` (one agent, or adapter agents of one base from
     :func:`joint_groups`) in one policy forward, row b under ``agents[owners[b]]``: a plain pass
     for one agent, a mixed-adapter pass (peft's per-row ``adapter_names``) for several. The
     group's one ``reference`` (their base with adapters off, or one agent's frozen copy) reads
     the rows first, in its own pass; ``policy_context`` is entered around the policy forward
-    only (a value head capturing the trunk's hidden states); ``prefix_sharing`` goes to
-    :meth:`LLMAgent.score`."""
+    only (a value head capturing the trunk's hidden states); ``prefix_sharing``,
+    ``temperature`` (the rows' sampling temperature, one or one per row; the reference reads at
+    it too) and ``entropy`` go to :meth:`LLMAgent.score_tokens`."""
     lead = agents[0]
     batch = build_batch(prompt_ids, completion_ids, lead.pad_token_id).to(lead.device)
-    ref = None if reference is None else reference_logprobs(reference, batch).to(lead.device)
+    ref = None
+    if reference is not None:
+        ref = reference_logprobs(reference, batch, temperature).to(lead.device)
     for agent in agents:
         # Leaving disable_adapter() (the reference pass) re-freezes every adapter but the
         # active one, and every adapter of a mixed pass trains.
         for p in agent.trainable_parameters():
             p.requires_grad_(True)
+    names = None if len(agents) == 1 else [str(agents[k].adapter) for k in owners]
     with policy_context or nullcontext():
-        if len(agents) == 1:
-            logprobs = lead.score(batch, prefix_sharing=prefix_sharing)
-        else:
-            names = [agents[k].adapter for k in owners]
-            logprobs = lead.score(batch, adapter_names=names, prefix_sharing=prefix_sharing)
-    return JointPass(batch, logprobs, ref, tuple(owners))
+        scores = lead.score_tokens(
+            batch, adapter_names=names, prefix_sharing=prefix_sharing, temperature=temperature,
+            entropy=entropy,
+        )  # fmt: skip
+    return JointPass(batch, scores.logprobs, ref, tuple(owners), scores.entropy)

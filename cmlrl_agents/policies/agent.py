@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import LogitsProcessorList
 
 # Re-exported: model-file conversion lives in gguf.py, the names stay importable from here.
 from cmlrl_agents.policies.gguf import SMOLLM2_GGUF, convert_gguf, default_cache_dir, smollm2_path
@@ -31,9 +30,11 @@ from cmlrl_agents.policies.model_setup import (
     only_our_generation_settings,
 )
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
-from cmlrl_agents.policies.sampling import CandidateSampler
+from cmlrl_agents.policies.sampling import SamplingConfig
 from cmlrl_agents.policies.tokens import (
+    Temperature,
     TokenBatch,
+    TokenScores,
     build_batch,
     completion_lists,
     completion_mask_from_generated,
@@ -54,60 +55,6 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
-    """How ``generate`` samples: these fields and nothing else (the checkpoint's own
-    ``generation_config`` is not applied).
-
-    ``temperature``, ``top_p`` and ``top_k`` other than 1.0 / 1.0 / None sample from a reshaped
-    distribution, not from the policy that :meth:`LLMAgent.logprobs` scores; the defaults sample
-    on-policy. ``top_k=None`` disables top-k (``generate`` would otherwise default to 50).
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    do_sample: bool = True
-    min_new_tokens: int = 0
-    """EOS is suppressed before this many tokens (0: off); benchmarks force equal lengths."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise TypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError(
-                f"temperature={self.temperature} must be > 0; for greedy decoding pass "
-                "do_sample=False"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 1):
-            raise ValueError(f"top_k={self.top_k!r} must be a positive int, or None to disable it")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
-                f"min_new_tokens={self.min_new_tokens} must be in [0, max_new_tokens="
-                f"{self.max_new_tokens}]"
-            )
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``model.generate``. :class:`LLMAgent` sets the checkpoint's own
-        ``generation_config`` aside during the call, so these are the only sampling settings
-        (no ``repetition_penalty``, ``suppress_tokens``, ... from the model's files).
-
-        Sampling runs in :class:`~cmlrl_agents.policies.sampling.CandidateSampler` (transformers'
-        distribution, drawn among the top-k candidates only), which leaves one token finite per
-        row; ``generate`` then runs its greedy step, which takes that token."""
-        lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
-        greedy = {**lengths, "do_sample": False, "num_beams": 1}
-        if not self.do_sample:
-            return greedy
-        sampler = CandidateSampler(self.temperature, self.top_k, self.top_p)
-        return {**greedy, "logits_processor": LogitsProcessorList([sampler])}
-
-
-@dataclass(frozen=True)
 class Completion:
     """One sampled completion of one prompt.
 
@@ -119,6 +66,9 @@ class Completion:
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     finished: bool
+    sampler_logprobs: tuple[float, ...] | None = None
+    """The sampler's log-prob of each completion token, when the backend reports them (vLLM);
+    None from transformers' ``generate``, whose sampler is the trainer's own model."""
 
 
 def _token_id_set(value: Any) -> set[int]:
@@ -256,19 +206,26 @@ class LLMAgent:
         )
 
     def generate(
-        self, prompts: Sequence[str], num_samples: int = 1, sampling: SamplingConfig | None = None
+        self,
+        prompts: Sequence[str],
+        num_samples: int = 1,
+        sampling: SamplingConfig | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """``num_samples`` completions per prompt from ONE batched ``generate`` call.
+        """``num_samples`` completions per prompt from ONE batched ``generate`` call; ``keys``
+        (one per prompt and sample, prompt-major: ``sampling.row_key``) make each row's draws
+        depend on its key alone, else torch's global generator draws.
 
         Returns ``completions[prompt][sample]``.
         """
-        return self.generate_ids(self.encode_prompts(prompts), num_samples, sampling)
+        return self.generate_ids(self.encode_prompts(prompts), num_samples, sampling, keys)
 
     def generate_ids(
         self,
         prompt_ids: Sequence[Sequence[int]],
         num_samples: int = 1,
         sampling: SamplingConfig | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """:meth:`generate` for prompts that are already token ids."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -276,7 +233,7 @@ class LLMAgent:
         if not prompt_ids:
             raise ValueError("prompts is empty; pass at least one prompt")
         rows = [list(ids) for ids in prompt_ids for _ in range(num_samples)]
-        flat = self.generate_rows(rows, sampling)
+        flat = self.generate_rows(rows, sampling, keys=keys)
         return [flat[i : i + num_samples] for i in range(0, len(flat), num_samples)]
 
     def generate_rows(
@@ -284,13 +241,20 @@ class LLMAgent:
         rows: Sequence[Sequence[int]],
         sampling: SamplingConfig | None = None,
         adapter_names: Sequence[str] | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[Completion]:
         """One completion per row of prompt ids from ONE ``generate`` call; ``adapter_names``
-        (one per row, peft's mixed-adapter batch) or None (this agent's adapter, if any)."""
+        (one per row, peft's mixed-adapter batch) or None (this agent's adapter, if any);
+        ``keys`` one per row (see :meth:`generate`)."""
         sampling = sampling if sampling is not None else SamplingConfig()
         rows = [list(ids) for ids in rows]
+        if keys is not None and len(keys) != len(rows):
+            raise ValueError(f"{len(keys)} sampling keys for {len(rows)} rows; give one per row")
+        row_keys = None if keys is None else torch.tensor(list(keys), dtype=torch.int64)
         input_ids, attention_mask = left_pad(rows, self.pad_token_id)
-        new_ids, mask = self._generate_tokens(input_ids, attention_mask, sampling, adapter_names)
+        new_ids, mask = self._generate_tokens(
+            input_ids, attention_mask, sampling, adapter_names, row_keys
+        )
         kept = completion_lists(new_ids, mask)
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
         eos = self.eos_token_ids
@@ -305,6 +269,7 @@ class LLMAgent:
         attention_mask: Tensor,
         sampling: SamplingConfig,
         adapter_names: Sequence[str] | None,
+        keys: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
         self.activate()
@@ -319,7 +284,7 @@ class LLMAgent:
                 pad_token_id=self.pad_token_id,
                 eos_token_id=sorted(self.eos_token_ids),
                 return_dict_in_generate=False,
-                **sampling.generate_kwargs(),
+                **sampling.generate_kwargs(keys),
                 **extra,
             )
         return completion_mask_from_generated(
@@ -345,16 +310,36 @@ class LLMAgent:
         chunk: int | None = None,
         adapter_names: Sequence[str] | None = None,
         prefix_sharing: bool = False,
+        temperature: Temperature = 1.0,
     ) -> Tensor:
-        """``[B, L]`` completion log-probs of a built batch (the learners' one scoring call)
-        under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each row
-        under its own (``adapter_names``: a mixed-adapter pass, in eval mode as peft requires)."""
+        """``[B, L]`` completion log-probs of a built batch at ``temperature``: the
+        ``logprobs`` of :meth:`score_tokens`."""
+        return self.score_tokens(
+            batch, chunk=chunk, adapter_names=adapter_names, prefix_sharing=prefix_sharing,
+            temperature=temperature,
+        ).logprobs  # fmt: skip
+
+    def score_tokens(
+        self,
+        batch: TokenBatch,
+        *,
+        chunk: int | None = None,
+        adapter_names: Sequence[str] | None = None,
+        prefix_sharing: bool = False,
+        temperature: Temperature = 1.0,
+        entropy: bool = False,
+    ) -> TokenScores:
+        """Completion log-probs (and entropies) of a built batch (the learners' one scoring
+        call) under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each
+        row under its own (``adapter_names``: a mixed-adapter pass, in eval mode as peft
+        requires), at the sampling ``temperature`` (one, or one per row)."""
+        score = scorer(prefix_sharing)
+        kwargs: dict[str, Any] = {"chunk": chunk, "temperature": temperature, "entropy": entropy}
         if adapter_names is None:
             self.activate()
-            return scorer(prefix_sharing)(self.model, batch, chunk=chunk)
+            return score(self.model, batch, **kwargs)
         with eval_mode(self.model):
-            score = scorer(prefix_sharing)
-            return score(self.model, batch, chunk=chunk, adapter_names=adapter_names)
+            return score(self.model, batch, adapter_names=adapter_names, **kwargs)
 
     @classmethod
     def from_pretrained(

@@ -38,6 +38,8 @@ class GenerationRequest:
     prompts: Sequence[str]
     num_samples: int
     sampling: SamplingConfig
+    keys: Sequence[int] | None = None
+    """One sampling key per prompt and sample (prompt-major), or None: the global generator."""
 
 
 @runtime_checkable
@@ -64,7 +66,9 @@ class HFGenerate:
         for group in self._groups(agents, requests):
             if len(group) == 1:
                 r = requests[group[0]]
-                out[group[0]] = agents[r.agent].generate(list(r.prompts), r.num_samples, r.sampling)
+                out[group[0]] = agents[r.agent].generate(
+                    list(r.prompts), r.num_samples, r.sampling, r.keys
+                )
                 continue
             for index, completions in zip(group, _one_call(agents, requests, group), strict=True):
                 out[index] = completions
@@ -107,6 +111,7 @@ def _one_call(
     """One mixed-adapter ``generate`` over every row of ``group`` (rows in request order)."""
     rows: list[list[int]] = []
     names: list[str] = []
+    keys: list[int] | None = []
     sizes = []
     for i in group:
         r = requests[i]
@@ -115,8 +120,9 @@ def _one_call(
         rows.extend(list(p) for p in ids for _ in range(r.num_samples))
         names.extend([agent.adapter] * (len(ids) * r.num_samples))
         sizes.append((len(ids), r.num_samples))
+        keys = None if keys is None or r.keys is None else [*keys, *r.keys]
     first = agents[requests[group[0]].agent]
-    flat = first.generate_rows(rows, requests[group[0]].sampling, adapter_names=names)
+    flat = first.generate_rows(rows, requests[group[0]].sampling, adapter_names=names, keys=keys)
     out, start = [], 0
     for prompts, g in sizes:
         block = flat[start : start + prompts * g]

@@ -31,30 +31,34 @@ from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
 from cmlrl_agents.policies.tokens import (
+    Temperature,
     TokenBatch,
+    TokenScores,
     _accepts_logits_to_keep,
     _check_vocab,
     _gather_logprobs,
-    sequence_logprobs,
+    row_temperatures,
+    sequence_scores,
 )
 
 __all__ = [
     "PromptGroups",
     "generate_inputs",
     "prefix_shared_logprobs",
+    "prefix_shared_scores",
     "prompt_groups",
     "scorer",
     "shared_prompt_cache",
 ]
 
-Scorer = Callable[..., Tensor]
+Scorer = Callable[..., TokenScores]
 
 
 def scorer(prefix_sharing: bool) -> Scorer:
     """The learner's scoring function: prefix-shared or the plain padded forward (both take
-    ``(model, batch, *, chunk=None, adapter_names=None)`` and return the same ``[B, L]``
-    log-probs)."""
-    return prefix_shared_logprobs if prefix_sharing else sequence_logprobs
+    ``(model, batch, *, chunk=None, adapter_names=None, temperature=1.0, entropy=False)`` and
+    return the same :class:`TokenScores`)."""
+    return prefix_shared_scores if prefix_sharing else sequence_scores
 
 
 class PromptGroups:
@@ -157,15 +161,34 @@ def prefix_shared_logprobs(
     *,
     chunk: int | None = None,
     adapter_names: Sequence[str] | None = None,
+    temperature: Temperature = 1.0,
 ) -> Tensor:
-    """Per-token log-probs of ``batch`` like :func:`~cmlrl_agents.policies.tokens.sequence_logprobs`
-    (same arguments, same float32 ``[B, L]`` result, 0 off the completion mask), each distinct
-    prompt (of each adapter, with ``adapter_names``) run once (see the module docstring). A batch
-    without a repeated prompt takes the unshared path: there is nothing to share.
+    """The ``logprobs`` of :func:`prefix_shared_scores`: :func:`sequence_logprobs`' result."""
+    return prefix_shared_scores(
+        model, batch, chunk=chunk, adapter_names=adapter_names, temperature=temperature
+    ).logprobs
+
+
+def prefix_shared_scores(
+    model: nn.Module,
+    batch: TokenBatch,
+    *,
+    chunk: int | None = None,
+    adapter_names: Sequence[str] | None = None,
+    temperature: Temperature = 1.0,
+    entropy: bool = False,
+) -> TokenScores:
+    """Per-token scores of ``batch`` like :func:`~cmlrl_agents.policies.tokens.sequence_scores`
+    (same arguments, same result), each distinct prompt (of each adapter, with
+    ``adapter_names``) run once (see the module docstring). A batch without a repeated prompt
+    takes the unshared path: there is nothing to share.
     """
     groups = prompt_groups(batch, adapter_names)
     if not groups.shares:
-        return sequence_logprobs(model, batch, chunk=chunk, adapter_names=adapter_names)
+        return sequence_scores(
+            model, batch, chunk=chunk, adapter_names=adapter_names, temperature=temperature,
+            entropy=entropy,
+        )  # fmt: skip
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
     if min(groups.prompt_len) < 1:
@@ -175,6 +198,7 @@ def prefix_shared_logprobs(
         )
     _check_vocab(model, batch.input_ids)
     device = batch.input_ids.device
+    temps = row_temperatures(temperature, len(groups.group), device)
     ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id
     first_logits, cache = _forward(
         model, 1, _names(groups.names), input_ids=ids, attention_mask=attn,
@@ -182,22 +206,36 @@ def prefix_shared_logprobs(
     )  # fmt: skip
     group = torch.tensor(groups.group, device=device)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
+    ent_out = torch.zeros_like(out) if entropy else None
     rows = torch.arange(len(groups.group), device=device)
     start = torch.tensor(groups.prompt_len, device=device)
     has = torch.tensor(
         [n > p for n, p in zip(groups.length, groups.prompt_len, strict=True)], device=device
     )
     first_target = batch.input_ids[rows, start.clamp(max=batch.input_ids.shape[1] - 1)]
-    first_lp = _gather_logprobs(first_logits[group], first_target.unsqueeze(1), chunk)[:, 0]
-    out[rows[has], start[has]] = first_lp[has]
+    first_lp, first_ent = _gather_logprobs(
+        first_logits[group], first_target.unsqueeze(1), chunk, temps, entropy
+    )
+    out[rows[has], start[has]] = first_lp[:, 0][has]
+    if ent_out is not None and first_ent is not None:
+        ent_out[rows[has], start[has]] = first_ent[:, 0][has]
     cont_len = max(n - p for n, p in zip(groups.length, groups.prompt_len, strict=True)) - 1
     if cont_len > 0:
-        rest = _continuation_logprobs(model, batch, groups, cache, attn, group, cont_len, chunk)
+        rest, rest_ent = _continuation_logprobs(
+            model, batch, groups, cache, attn, group, cont_len, chunk, temps, entropy
+        )
         cols = start.unsqueeze(1) + 1 + torch.arange(cont_len, device=device)
         valid = cols < torch.tensor(groups.length, device=device).unsqueeze(1)
-        out[rows.unsqueeze(1).expand_as(cols)[valid], cols[valid]] = rest[valid]
+        where = (rows.unsqueeze(1).expand_as(cols)[valid], cols[valid])
+        out[where] = rest[valid]
+        if ent_out is not None and rest_ent is not None:
+            ent_out[where] = rest_ent[valid]
     # where(), not multiply: whatever sits off the mask must not leak in as NaN.
-    return torch.where(batch.completion_mask.bool(), out, torch.zeros_like(out))
+    mask = batch.completion_mask.bool()
+    return TokenScores(
+        torch.where(mask, out, torch.zeros_like(out)),
+        None if ent_out is None else torch.where(mask, ent_out, torch.zeros_like(ent_out)),
+    )
 
 
 def _continuation_logprobs(
@@ -209,9 +247,12 @@ def _continuation_logprobs(
     group: Tensor,
     cont_len: int,
     chunk: int | None,
-) -> Tensor:
-    """``[B, cont_len]``: log-probs of completion tokens 1.. of each row, from one forward of
-    tokens 0..cont_len-1 over the prompt cache gathered to one row per completion."""
+    temps: Tensor | None,
+    entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """``[B, cont_len]``: log-probs (and entropies) of completion tokens 1.. of each row, from
+    one forward of tokens 0..cont_len-1 over the prompt cache gathered to one row per
+    completion."""
     device = batch.input_ids.device
     b = len(groups.group)
     ids = torch.full((b, cont_len + 1), 0, dtype=torch.long, device=device)
@@ -229,7 +270,7 @@ def _continuation_logprobs(
         attention_mask=torch.cat([prompt_attn[group], attn], dim=1),
         position_ids=positions, cache=cache,
     )  # fmt: skip
-    return _gather_logprobs(logits, ids[:, 1:], chunk)
+    return _gather_logprobs(logits, ids[:, 1:], chunk, temps, entropy)
 
 
 def shared_prompt_cache(

@@ -16,16 +16,13 @@ from typing import Any
 
 import torch
 
-from cmlrl_agents.functional.losses import kl_k3
-from cmlrl_agents.policies.tokens import TokenBatch, sequence_logprobs
+from cmlrl_agents.policies.tokens import Temperature, TokenBatch, sequence_logprobs
 from cmlrl_agents.runs.metrics import turn_key
 
 __all__ = [
     "BaseWithoutAdapters",
-    "frozen_copies",
     "kl_turn_means",
     "kl_turn_stats",
-    "reference_kl",
     "reference_logprobs",
     "reference_policies",
 ]
@@ -38,12 +35,12 @@ class BaseWithoutAdapters:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def logprobs(self, batch: TokenBatch, temperature: Temperature = 1.0) -> torch.Tensor:
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), self.model.disable_adapter():
-                return sequence_logprobs(self.model, batch)
+                return sequence_logprobs(self.model, batch, temperature=temperature)
         finally:
             self.model.train(was_training)
 
@@ -70,13 +67,6 @@ def reference_policies(agents: Sequence[Any], devices: Sequence[torch.device] | 
     return out
 
 
-def frozen_copies(
-    models: Sequence[torch.nn.Module], devices: Sequence[torch.device] | None
-) -> list[torch.nn.Module]:
-    """One frozen copy per model, on ``devices[i]`` when given (else beside the model)."""
-    return [_frozen_copy(m, None if devices is None else devices[i]) for i, m in enumerate(models)]
-
-
 def _frozen_copy(model: torch.nn.Module, device: torch.device | None) -> torch.nn.Module:
     # Copied where the model is, then moved device to device (never through the CPU).
     ref = copy.deepcopy(model).eval()
@@ -87,25 +77,17 @@ def _frozen_copy(model: torch.nn.Module, device: torch.device | None) -> torch.n
     return ref
 
 
-def reference_kl(reference: Reference, batch: TokenBatch, logprobs: torch.Tensor) -> torch.Tensor:
-    """Per row of ``batch``: k3 KL of the policy's token log-probs to the reference's."""
+def reference_logprobs(
+    reference: Reference, batch: TokenBatch, temperature: Temperature = 1.0
+) -> torch.Tensor:
+    """``[B, L]`` token log-probs of ``batch`` under the frozen reference at ``temperature``
+    (no gradient), on the reference's device: the one place the learners read the reference."""
     if isinstance(reference, BaseWithoutAdapters):
-        ref = reference.logprobs(batch).to(logprobs.device)
-        return kl_k3(logprobs, ref, batch.completion_mask)
+        return reference.logprobs(batch, temperature)
     with torch.no_grad():
         ref_device = next(reference.parameters()).device
-        ref = sequence_logprobs(reference, batch.to(ref_device)).to(logprobs.device)
-    return kl_k3(logprobs, ref, batch.completion_mask)
-
-
-def reference_logprobs(reference: Reference, batch: TokenBatch) -> torch.Tensor:
-    """``[B, L]`` token log-probs of ``batch`` under the frozen reference (no gradient), on the
-    reference's device; the one place a learner other than the KL term reads the reference."""
-    if isinstance(reference, BaseWithoutAdapters):
-        return reference.logprobs(batch)
-    with torch.no_grad():
-        ref_device = next(reference.parameters()).device
-        return sequence_logprobs(reference, batch.to(ref_device))
+        temps = temperature.to(ref_device) if isinstance(temperature, torch.Tensor) else temperature
+        return sequence_logprobs(reference, batch.to(ref_device), temperature=temps)
 
 
 KL_METRICS = ("reference_kl_mean", "reference_kl_penalty_mean")

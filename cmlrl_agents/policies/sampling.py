@@ -16,11 +16,14 @@ The tokens a seed gives differ from transformers' sampler, which draws other ran
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, LogitsProcessorList
 
-__all__ = ["CandidateSampler", "candidates"]
+__all__ = ["CandidateSampler", "SamplingConfig", "candidates", "keyed_uniforms", "row_key"]
 
 
 def candidates(
@@ -45,20 +48,87 @@ def candidates(
     return probs, ids
 
 
-class CandidateSampler(LogitsProcessor):
-    """Samples each row's next token from :func:`candidates` with torch's global generator
-    (``torch.manual_seed`` repeats it) and leaves only that token finite, so ``generate`` must
-    run greedy (``do_sample=False``) after it."""
+_MASK64 = (1 << 64) - 1
 
-    def __init__(self, temperature: float, top_k: int | None, top_p: float) -> None:
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser on a Python int (64-bit)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_key(*parts: int) -> int:
+    """One 63-bit key from integers (a run's seed, an item's index, a turn, a sample, ...):
+    the key of a generated row, whose draws then depend on nothing else."""
+    key = 0
+    for part in parts:
+        key = _mix(key ^ (int(part) & _MASK64))
+    return key >> 1  # fits a signed int64 tensor
+
+
+def _shift(x: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 values (torch's ``>>`` keeps the sign)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def keyed_uniforms(keys: Tensor, step: int) -> Tensor:
+    """``[B]`` float64 uniforms in [0, 1), one per row key for decoding step ``step``: a
+    counter-based generator (splitmix64 of key and step), so a row's draws are the same in any
+    batch, on any rank, whatever was drawn before."""
+    x = keys.to(torch.int64) ^ _signed(_mix(step))
+    x = x + _signed(0x9E3779B97F4A7C15)  # int64 arithmetic wraps, as splitmix64's does
+    x = (x ^ _shift(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shift(x, 27)) * _signed(0x94D049BB133111EB)
+    x = x ^ _shift(x, 31)
+    return _shift(x, 11).to(torch.float64) / float(1 << 53)
+
+
+class CandidateSampler(LogitsProcessor):
+    """Samples each row's next token from :func:`candidates` and leaves only that token
+    finite, so ``generate`` must run greedy (``do_sample=False``) after it.
+
+    The draws come from torch's global generator (``torch.manual_seed`` repeats them), or with
+    ``keys`` (one int64 per row, :func:`row_key`) from :func:`keyed_uniforms`: then a row's
+    tokens depend on its key and the logits alone, not on the batch it is in or on other
+    random draws (data parallel ranks and evaluation leave training's samples unchanged)."""
+
+    def __init__(
+        self, temperature: float, top_k: int | None, top_p: float, keys: Tensor | None = None
+    ) -> None:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.keys = keys
+        self._step = 0
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         probs, ids = candidates(scores, self.temperature, self.top_k, self.top_p)
-        picked = torch.multinomial(probs, num_samples=1)
+        if self.keys is None:
+            picked = torch.multinomial(probs, num_samples=1)
+        else:
+            picked = self._inverse_cdf(probs)
         tokens = picked if ids is None else ids.gather(-1, picked)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(-1, tokens, 0.0)
+
+    def _inverse_cdf(self, probs: Tensor) -> Tensor:
+        """``[B, 1]`` index of each row's keyed draw from ``probs`` (unnormalised)."""
+        assert self.keys is not None
+        if self.keys.shape != probs.shape[:1]:
+            raise ValueError(
+                f"CandidateSampler has {self.keys.shape[0]} row keys for a batch of "
+                f"{probs.shape[0]} rows; give one key per generated row"
+            )
+        u = keyed_uniforms(self.keys, self._step).to(probs.device)
+        self._step += 1
+        cdf = probs.double().cumsum(dim=-1)
+        target = (u * cdf[:, -1]).unsqueeze(1)
+        picked = torch.searchsorted(cdf, target, right=True)
+        return picked.clamp(max=probs.shape[-1] - 1)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CandidateSampler) and (
@@ -74,3 +144,58 @@ class CandidateSampler(LogitsProcessor):
             f"CandidateSampler(temperature={self.temperature}, top_k={self.top_k}, "
             f"top_p={self.top_p})"
         )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How ``generate`` samples: these fields and nothing else (the checkpoint's own
+    ``generation_config`` is not applied).
+
+    The learners score log-probs at ``temperature`` (the tempered distribution the draws come
+    from); ``top_k`` and ``top_p`` truncate the draws further, which the scored distribution
+    does not include (as in TRL): below the truncation the two differ only in the tail that is
+    never drawn. ``top_k=None`` disables top-k (``generate`` would otherwise default to 50).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    do_sample: bool = True
+    min_new_tokens: int = 0
+    """EOS is suppressed before this many tokens (0: off); benchmarks force equal lengths."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature={self.temperature} must be > 0; for greedy decoding pass "
+                "do_sample=False"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; 1.0 disables nucleus sampling")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or self.top_k < 1):
+            raise ValueError(f"top_k={self.top_k!r} must be a positive int, or None to disable it")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} must be in [0, max_new_tokens="
+                f"{self.max_new_tokens}]"
+            )
+
+    def generate_kwargs(self, keys: Tensor | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``model.generate``. :class:`LLMAgent` sets the checkpoint's own
+        ``generation_config`` aside during the call, so these are the only sampling settings
+        (no ``repetition_penalty``, ``suppress_tokens``, ... from the model's files).
+
+        Sampling runs in :class:`~cmlrl_agents.policies.sampling.CandidateSampler` (transformers'
+        distribution, drawn among the top-k candidates only), which leaves one token finite per
+        row; ``generate`` then runs its greedy step, which takes that token."""
+        lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
+        greedy = {**lengths, "do_sample": False, "num_beams": 1}
+        if not self.do_sample:
+            return greedy
+        sampler = CandidateSampler(self.temperature, self.top_k, self.top_p, keys)
+        return {**greedy, "logits_processor": LogitsProcessorList([sampler])}

@@ -21,12 +21,16 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "Temperature",
     "TokenBatch",
+    "TokenScores",
     "build_batch",
     "completion_lists",
     "completion_mask_from_generated",
     "left_pad",
+    "row_temperatures",
     "sequence_logprobs",
+    "sequence_scores",
 ]
 
 
@@ -200,40 +204,93 @@ def _check_vocab(model: nn.Module, input_ids: Tensor) -> None:
         )
 
 
-def _gather_logprobs(logits: Tensor, targets: Tensor, chunk: int | None) -> Tensor:
-    """``log_softmax(logits)[..., target]`` as ``target_logit - logsumexp``, ``chunk`` positions
-    at a time so the float32 copy of ``[B, chunk, V]`` is the largest temporary."""
+Temperature = float | Tensor
+"""One sampling temperature for every row, or a ``[B]`` tensor of one per row (a mixed-adapter
+batch of agents whose sampling settings differ)."""
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """What one scoring pass gives per token: ``logprobs`` ``[B, L]`` (with gradient when the
+    pass had one) and, when asked for, the policy's ``entropy`` ``[B, L]`` at each scored
+    position (detached; 0 off the completion mask)."""
+
+    logprobs: Tensor
+    entropy: Tensor | None = None
+
+
+def row_temperatures(temperature: Temperature, rows: int, device: torch.device) -> Tensor | None:
+    """``temperature`` as a ``[rows, 1, 1]`` divisor of logits, or None when every row is at 1."""
+    if isinstance(temperature, Tensor):
+        if temperature.shape != (rows,):
+            raise ValueError(
+                f"temperature must be a float or a [{rows}] tensor (one per row), got shape "
+                f"{tuple(temperature.shape)}"
+            )
+        if bool((temperature == 1).all()):
+            return None
+        return temperature.to(device=device, dtype=torch.float32).view(-1, 1, 1)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if temperature == 1:
+        return None
+    return torch.full((rows, 1, 1), float(temperature), device=device)
+
+
+def _gather_logprobs(
+    logits: Tensor,
+    targets: Tensor,
+    chunk: int | None,
+    temperature: Tensor | None = None,
+    entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``log_softmax(logits / T)[..., target]`` as ``target_logit - logsumexp``, ``chunk``
+    positions at a time so the float32 copy of ``[B, chunk, V]`` is the largest temporary; with
+    ``entropy`` also each position's entropy (no gradient)."""
     step = chunk or max(logits.shape[1], 1)
-    pieces = []
+    pieces, entropies = [], []
     for start in range(0, logits.shape[1], step):
         part = logits[:, start : start + step].float()
+        if temperature is not None:
+            part = part / temperature
         target = targets[:, start : start + step].unsqueeze(-1)
-        pieces.append(part.gather(-1, target).squeeze(-1) - part.logsumexp(dim=-1))
+        lse = part.logsumexp(dim=-1)
+        pieces.append(part.gather(-1, target).squeeze(-1) - lse)
+        if entropy:
+            with torch.no_grad():
+                entropies.append(lse - (torch.softmax(part, dim=-1) * part).sum(dim=-1))
     if not pieces:
-        return logits.new_zeros(targets.shape, dtype=torch.float32)
-    return torch.cat(pieces, dim=1)
+        empty = logits.new_zeros(targets.shape, dtype=torch.float32)
+        return empty, (empty.clone() if entropy else None)
+    return torch.cat(pieces, dim=1), (torch.cat(entropies, dim=1) if entropy else None)
 
 
-def sequence_logprobs(
+def sequence_scores(
     model: nn.Module,
     batch: TokenBatch,
     *,
     chunk: int | None = None,
     adapter_names: Sequence[str] | None = None,
-) -> Tensor:
-    """Per-token log-probabilities of ``batch.input_ids`` under ``model``, from one forward.
+    temperature: Temperature = 1.0,
+    entropy: bool = False,
+) -> TokenScores:
+    """Per-token log-probabilities (and entropies) of ``batch.input_ids`` under ``model`` at
+    ``temperature``, from one forward.
 
-    Returns a float32 ``[B, L]`` tensor aligned with ``input_ids``: entry ``[b, t]`` is
-    ``log p(input_ids[b, t] | input_ids[b, :t])`` where ``completion_mask[b, t] = 1`` and 0
-    elsewhere; sum over ``t`` for a sequence log-prob. Logits are only computed from the first
-    position any row needs (the last prompt token of the shortest prompt), which skips the
-    vocabulary projection of shared prompt prefixes. Works with and without autograd.
+    ``logprobs`` is a float32 ``[B, L]`` tensor aligned with ``input_ids``: entry ``[b, t]`` is
+    ``log p_T(input_ids[b, t] | input_ids[b, :t])`` where ``completion_mask[b, t] = 1`` and 0
+    elsewhere, ``p_T`` the softmax of the logits divided by the row's temperature: the
+    distribution the sampler drew from before top-k/top-p truncation (TRL scores so too).
+    Logits are only computed from the first position any row needs (the last prompt token of
+    the shortest prompt), which skips the vocabulary projection of shared prompt prefixes.
 
     Args:
         model: a causal LM returning ``.logits`` (Hugging Face or PEFT).
         batch: from :func:`build_batch`, on the model's device.
         chunk: positions per log-softmax step; bounds the float32 ``[B, chunk, vocab]`` temporary.
         adapter_names: one peft adapter per row (a mixed-adapter batch of a shared base).
+        temperature: the sampling temperature, one for all rows or a ``[B]`` tensor.
+        entropy: also return each position's entropy (diagnostics).
     """
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
@@ -244,6 +301,7 @@ def sequence_logprobs(
             "completion_mask marks position 0, which has no preceding token to predict it; "
             "every row needs at least one prompt token (use build_batch)"
         )
+    temps = row_temperatures(temperature, mask.shape[0], batch.input_ids.device)
     has_completion = mask.any(dim=0)
     first = int(has_completion.nonzero()[0, 0]) if bool(has_completion.any()) else length
     keep = length - first + 1  # logits at positions first-1 .. L-1; the last one predicts nothing
@@ -261,7 +319,30 @@ def sequence_logprobs(
             f"{keep}; pass a causal LM whose output has one logit row per input token"
         )
     targets = batch.input_ids[:, first:]
-    token_lp = _gather_logprobs(logits[:, :-1], targets, chunk)
-    token_lp = torch.cat([token_lp.new_zeros(token_lp.shape[0], first), token_lp], dim=1)
+    token_lp, ent = _gather_logprobs(logits[:, :-1], targets, chunk, temps, entropy)
+    valid = mask.bool()
+    return TokenScores(
+        _placed(token_lp, first, valid), None if ent is None else _placed(ent, first, valid)
+    )
+
+
+def _placed(values: Tensor, first: int, valid: Tensor) -> Tensor:
+    """``values`` of positions ``first..`` put back at their columns, 0 off ``valid``."""
+    full = torch.cat([values.new_zeros(values.shape[0], first), values], dim=1)
     # where(), not multiply: non-finite logits at padding must not leak in as NaN.
-    return torch.where(mask.bool(), token_lp, torch.zeros_like(token_lp))
+    return torch.where(valid, full, torch.zeros_like(full))
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    batch: TokenBatch,
+    *,
+    chunk: int | None = None,
+    adapter_names: Sequence[str] | None = None,
+    temperature: Temperature = 1.0,
+) -> Tensor:
+    """The ``logprobs`` of :func:`sequence_scores`: float32 ``[B, L]``, 0 off the completion
+    mask; ``.sum(-1)`` gives sequence log-probs. Works with and without autograd."""
+    return sequence_scores(
+        model, batch, chunk=chunk, adapter_names=adapter_names, temperature=temperature
+    ).logprobs

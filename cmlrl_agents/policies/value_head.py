@@ -47,16 +47,14 @@ class ValueHead(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
         self.hidden_size = hidden_size
         self.hidden_dim = hidden_dim
-        # A fixed seed: trainers are built before `args.seed` takes effect in train(), and a
-        # seeded run must not depend on the global RNG state at construction.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            if hidden_dim is None:
-                self.net: nn.Module = nn.Linear(hidden_size, 1)
-            else:
-                self.net = nn.Sequential(
-                    nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)
-                )
+        # From the global generator: a trainer applies `args.seed` before it builds any model
+        # or head, so a seeded run gets the same head every time.
+        if hidden_dim is None:
+            self.net: nn.Module = nn.Linear(hidden_size, 1)
+        else:
+            self.net = nn.Sequential(
+                nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)
+            )
         last = self.net if hidden_dim is None else self.net[-1]
         nn.init.zeros_(last.bias)  # a state-independent offset has nothing to learn from at init
 

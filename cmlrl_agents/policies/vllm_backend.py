@@ -21,10 +21,16 @@ from cmlrl_agents.policies.generation import GenerationRequest
 __all__ = ["VLLMGenerate", "vllm_sampling"]
 
 
-def vllm_sampling(sampling: SamplingConfig, n: int, eos: Sequence[int]) -> dict[str, Any]:
-    """``vllm.SamplingParams`` keywords for ``sampling`` (``top_k`` -1 is vLLM's "off")."""
+def vllm_sampling(
+    sampling: SamplingConfig, n: int, eos: Sequence[int], seed: int | None = None
+) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keywords for ``sampling`` (``top_k`` -1 is vLLM's "off"), with
+    the sampled tokens' log-probs (``logprobs=0``: the learner's truncated importance weights
+    correct for vLLM's numerics) and the prompt's sampling key as its seed."""
     greedy = not sampling.do_sample
     return {
+        "logprobs": 0,
+        "seed": seed,
         "n": n,
         "temperature": 0.0 if greedy else sampling.temperature,
         "top_p": 1.0 if greedy else sampling.top_p,
@@ -82,8 +88,9 @@ class VLLMGenerate:
         prompts, params, loras, ids = [], [], [], []
         for r in requests:
             agent = agents[r.agent]
-            kwargs = vllm_sampling(r.sampling, r.num_samples, agent.eos_token_ids)
-            for row in agent.encode_prompts(list(r.prompts)):
+            for p, row in enumerate(agent.encode_prompts(list(r.prompts))):
+                seed = None if r.keys is None else r.keys[p * r.num_samples]
+                kwargs = vllm_sampling(r.sampling, r.num_samples, agent.eos_token_ids, seed)
                 prompts.append(TokensPrompt(prompt_token_ids=row))
                 params.append(self._vllm.SamplingParams(**kwargs))
                 loras.append(self._loras[agent.adapter])
@@ -115,6 +122,13 @@ class VLLMGenerate:
 
 
 def _completion(agent: LLMAgent, prompt: Sequence[int], sample: Any) -> Completion:
+    """vLLM's sample as a :class:`Completion`, with the sampler's log-prob of each token
+    (``sample.logprobs``: per position a dict from token id to an object with ``logprob``)."""
     ids = tuple(sample.token_ids)
     finished = bool(ids) and ids[-1] in agent.eos_token_ids
-    return Completion(sample.text, tuple(prompt), ids, finished)
+    logprobs = None
+    if getattr(sample, "logprobs", None) is not None:
+        logprobs = tuple(
+            float(pos[tok].logprob) for pos, tok in zip(sample.logprobs, ids, strict=True)
+        )
+    return Completion(sample.text, tuple(prompt), ids, finished, logprobs)

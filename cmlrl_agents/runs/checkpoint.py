@@ -5,7 +5,8 @@
     model-<name>.safetensors   weights (of a PeftModel: its adapter weights only)
     optim-<name>.pt            optimizer state_dict
     sched-<name>.pt            scheduler state_dict
-    rng.pt                     python `random`, numpy global, torch CPU (+ CUDA) RNG states
+    rng-rank<r>.pt             per process of the launch: python `random`, numpy global, torch
+                               CPU (+ CUDA) RNG states (none in a weights-only checkpoint)
     trainer_state.json         the manifest and the trainer's JSON state, secrets removed (B22)
 
 The folder is built under a hidden temporary name and renamed into place when complete
@@ -31,7 +32,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -166,12 +167,17 @@ def save_checkpoint(
     schedulers: Mapping[str, Any] | None = None,
     trainer_state: Mapping[str, Any] | None = None,
     keep_last: int | None = None,
+    rng_states: Sequence[Mapping[str, Any]] | None = None,
+    weights_only: bool = False,
 ) -> Path:
     """Write `root/checkpoint-<step_name>/` atomically and keep only the newest `keep_last`.
 
     `step_name` is a non-negative int (or a string of digits): `latest_checkpoint` picks the
     largest. `trainer_state` must be JSON-serialisable with string keys (tuples come back as
     lists); keys that look like credentials are removed. The folder just written is never pruned.
+    ``rng_states`` holds each rank's RNG state (:func:`rng_state`; default: this process's);
+    ``weights_only`` writes the models alone (no optimizer, scheduler or RNG state: such a
+    checkpoint can be evaluated or exported, not resumed).
     """
     root = Path(root)
     folder = root / f"checkpoint-{_check_step_name(step_name)}"
@@ -183,8 +189,14 @@ def save_checkpoint(
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
         raise ValueError(f"keep_last must be None (keep all) or an int >= 1, got {keep_last!r}.")
+    if weights_only:
+        optimizers, schedulers, rngs = {}, {}, []
+    else:
+        rngs = [rng_state()] if rng_states is None else list(rng_states)
     manifest = {
         "format_version": _FORMAT_VERSION,
+        "weights_only": weights_only,
+        "ranks": len(rngs),
         "models": {name: "peft" if _peft_adapters(m) else "full" for name, m in models.items()},
         "optimizers": sorted(optimizers),
         "schedulers": sorted(schedulers),
@@ -199,7 +211,8 @@ def save_checkpoint(
             torch.save(optimizer.state_dict(), tmp / f"optim-{name}.pt")
         for name, scheduler in schedulers.items():
             torch.save(scheduler.state_dict(), tmp / f"sched-{name}.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
+        for rank, state in enumerate(rngs):
+            torch.save(state, tmp / f"rng-rank{rank}.pt")
         manifest["files"] = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
         (tmp / _STATE_FILE).write_text(_to_json(manifest), encoding="utf-8")
     if keep_last is not None:
@@ -277,7 +290,8 @@ def _save_model(model: torch.nn.Module, path: Path) -> None:
     safetensors.torch.save_file(tensors, str(path), metadata=metadata)
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's python, numpy, torch CPU (and CUDA) RNG states."""
     np_state = np.random.get_state(legacy=False)
     state: dict[str, Any] = {
         "python": random.getstate(),

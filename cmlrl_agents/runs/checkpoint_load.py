@@ -23,7 +23,7 @@ import torch
 __all__ = ["CheckpointError", "load_checkpoint", "read_checkpoint"]
 
 # 2: the manifest records a SHA-256 per file, verified before anything is loaded.
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 _STATE_FILE = "trainer_state.json"
 
 
@@ -75,8 +75,13 @@ def load_checkpoint(
     optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
     schedulers: Mapping[str, Any] | None = None,
     check: Callable[[dict[str, Any]], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    weights_only: bool = False,
 ) -> dict[str, Any]:
-    """Restore a `save_checkpoint` folder in place (weights, optimizers, schedulers, RNG).
+    """Restore a `save_checkpoint` folder in place (weights, optimizers, schedulers, and the
+    RNG state of process ``rank`` of a launch of ``world_size``, which must be the launch's
+    that saved it). ``weights_only`` restores the models alone (the best model, an export).
 
     The names passed must be exactly the names saved. Everything is verified (checksums,
     tensor names and shapes, optimizer groups, and `check(trainer_state)` when given, which
@@ -88,11 +93,13 @@ def load_checkpoint(
     if check is not None:
         check(manifest["trainer_state"])
     optimizers, schedulers = dict(optimizers or {}), dict(schedulers or {})
-    for arg, given, saved in (
-        ("models", models, manifest["models"]),
-        ("optimizers", optimizers, manifest["optimizers"]),
-        ("schedulers", schedulers, manifest["schedulers"]),
-    ):
+    parts = [("models", models, manifest["models"])]
+    if not weights_only:
+        parts += [
+            ("optimizers", optimizers, manifest["optimizers"]),
+            ("schedulers", schedulers, manifest["schedulers"]),
+        ]
+    for arg, given, saved in parts:
         if sorted(given) != sorted(saved):
             raise CheckpointError(
                 f"{arg} names {sorted(given)} do not match the names saved in {path.name}: "
@@ -104,16 +111,34 @@ def load_checkpoint(
     for name, optimizer in optimizers.items():
         _check_optimizer_state(optimizer, optim_states[name], path / f"optim-{name}.pt")
     sched_states = {n: _torch_load(path / f"sched-{n}.pt") for n in schedulers}
-    rng = _torch_load(path / "rng.pt")
+    rng = None if weights_only else _rank_rng(path, manifest, rank, world_size)
     # Nothing below can fail on the checkpoint's account.
     for name, model in models.items():
         _load_model(model, path / f"model-{name}.safetensors", name)
+    if rng is None:
+        return manifest["trainer_state"]
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(optim_states[name])
     for name, scheduler in schedulers.items():
         scheduler.load_state_dict(sched_states[name])
     _set_rng_state(rng)
     return manifest["trainer_state"]
+
+
+def _rank_rng(path: Path, manifest: Mapping[str, Any], rank: int, world_size: int) -> Any:
+    if manifest.get("weights_only"):
+        raise CheckpointError(
+            f"{path.name} was saved with save_only_model=True: it holds the weights alone (no "
+            "optimizer or RNG state), so a run cannot resume from it; evaluate it or export "
+            "it with save_model, or resume from a full checkpoint."
+        )
+    if manifest["ranks"] != world_size:
+        raise CheckpointError(
+            f"{path.name} was saved by a launch of {manifest['ranks']} process(es) and this one "
+            f"has {world_size}: each process resumes its own random streams, so resume it with "
+            f"{manifest['ranks']} process(es)."
+        )
+    return _torch_load(path / f"rng-rank{rank}.pt")
 
 
 def _sha256(path: Path) -> str:

@@ -196,6 +196,16 @@ class SharedConfig(ValidatedConfig):
     """Minimum ``env_step`` gap between training log entries; entries in a gap are averaged."""
     max_grad_norm: float | None = 1.0
     """Clip each agent's gradient norm (None: no clipping)."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay of every optimizer (0: none, as in Hugging Face's
+    Trainer; torch's own AdamW default of 0.01 is not used)."""
+    tis_cap: float = 2.0
+    """With ``generation_backend="vllm"``: each token's policy term is weighted by the
+    truncated importance ratio ``min(pi_trainer / pi_sampler, tis_cap)`` (TRL's and verl's TIS),
+    correcting for vLLM's numerics; >= 1."""
+    log_entropy: bool = True
+    """Log each agent's mean per-token policy entropy (computed from the scoring pass's logits,
+    without gradient)."""
     seed: int | None = None
     """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
     output_dir: str | None = None
@@ -219,6 +229,18 @@ class SharedConfig(ValidatedConfig):
     """Checkpoint every ``save_steps`` training task items and at the end (0: only on request)."""
     save_total_limit: int | None = None
     """Keep the newest ``save_total_limit`` checkpoints (None: keep all)."""
+    save_only_model: bool = False
+    """Checkpoints hold the weights alone (Hugging Face's name): no AdamW state, which is twice
+    the size of the trained weights (3.1 GB for two fully trained SmolLM2-135M agents); such a
+    checkpoint can be evaluated or exported with save_model, not resumed."""
+    save_best_by: str | None = None
+    """An evaluation metric (e.g. ``"eval/turn_1/reward_mean"``): training keeps the weights of
+    its best evaluation in ``output_dir/best/`` (HF's ``metric_for_best_model``); needs
+    ``eval_interval > 0`` and an eval dataset."""
+    greater_is_better: bool = True
+    """Whether a larger ``save_best_by`` value is better."""
+    load_best_model_at_end: bool = False
+    """After training, load the weights kept by ``save_best_by`` (HF's name)."""
     overwrite_output_dir: bool = False
     """Let a fresh ``train()`` start in an ``output_dir`` that holds another run's checkpoints
     (they are deleted). False: such a folder is refused unless ``train()`` resumes from it."""
@@ -252,6 +274,9 @@ class SharedConfig(ValidatedConfig):
         self._int("eval_batch_size", 1)
         self._int("logging_steps", 1)
         self._real("max_grad_norm", 0.0, low_open=True, optional=True)
+        self._real("weight_decay", 0.0)
+        self._real("tis_cap", 1.0)
+        self._bool("log_entropy")
         self._int("seed", 0, optional=True)
         if self.seed is not None and self.seed > MAX_SEED:
             raise ValueError(
@@ -278,6 +303,7 @@ class SharedConfig(ValidatedConfig):
         self._int("save_steps", 0)
         self._int("save_total_limit", 1, optional=True)
         self._bool("overwrite_output_dir")
+        self._check_best()
         self._devices("agent_devices")
         self._devices("reference_devices")
         if self.parallel_training not in (None, "none"):
@@ -287,6 +313,27 @@ class SharedConfig(ValidatedConfig):
                 "'cuda:1', ...] and each agent's generate and update run on its own device; "
                 "throughput comes from batching (rollout_buffer_size items per batched generate, "
                 "forward_batch_size for scoring). Leave parallel_training unset."
+            )
+
+    def _check_best(self) -> None:
+        self._bool("save_only_model")
+        self._bool("greater_is_better")
+        self._bool("load_best_model_at_end")
+        name = self.save_best_by
+        if name is not None and (not isinstance(name, str) or not name.startswith("eval/")):
+            raise ValueError(
+                f"save_best_by must be an evaluation metric such as 'eval/turn_1/reward_mean' "
+                f"(or None), got {name!r}."
+            )
+        if name is not None and not self.eval_interval:
+            raise ValueError(
+                f"save_best_by={name!r} needs evaluations during training; set eval_interval "
+                "> 0 (and give an eval_dataset)."
+            )
+        if self.load_best_model_at_end and name is None:
+            raise ValueError(
+                "load_best_model_at_end=True needs save_best_by (the metric that picks the best "
+                "model), e.g. save_best_by='eval/turn_1/reward_mean'."
             )
 
     def _check_generation(self) -> None:

@@ -5,15 +5,16 @@ Launched with ``WORLD_SIZE > 1`` in the environment, :func:`data_parallel` initi
 ``MASTER_ADDR``/``MASTER_PORT``; gloo on CPU, nccl on CUDA); otherwise it is a one-process
 context whose every operation is a no-op, so single-process training is unchanged.
 
-How a round is split (MAGRPO family):
+How a round is split (every family: the one engine, learning/engine.py, does the step):
 
 * :func:`shard_round`: each optimizer step's window of ``items_per_step`` items is cut into
   ``world_size`` contiguous blocks, one per rank, so every step is balanced and every rank runs
   the same number of optimizer steps (a rank may hold no item of a short window; it still takes
   part in the step with zero gradients).
 * The step's loss is normalised by the *global* sample and token counts
-  (:meth:`DataParallel.sum`), and the gradients are **summed** over ranks by one all-reduce per
-  parameter before clipping (:meth:`DataParallel.sum_gradients`): the result is the gradient of
+  (:meth:`DataParallel.sum_vector`), and the gradients are **summed** over ranks by one
+  all-reduce per parameter before clipping (:meth:`DataParallel.sum_gradients`): the result is
+  the gradient of
   the one-process loss over all the step's items, not an average of per-rank means (which would
   differ for ``token_mean`` or uneven shares). Every rank then clips and steps identically.
 
@@ -24,13 +25,14 @@ has no forward at all, which DDP's hooks would wait for forever.
 
 Evaluation (:func:`cmlrl_agents.runs.evaluation.collect_eval_trees`): each rank rolls out one
 contiguous block of the eval items and every rank gathers all the trees, so the eval metrics are
-computed on the union (the one-process metrics, with deterministic generation); every rank must
-call ``evaluate()``.
+computed on the union; every rank must call ``evaluate()``. Generated rows draw from sampling
+keys of their item, turn and sample (``policies/sampling.py``), so a launch samples what one
+process samples, whichever rank generates an item.
 
 Only rank 0 writes: metric files, W&B, plots, rollout-tree pictures, checkpoints and
 ``save_model``; the others wait at a barrier so that nothing reads a half-written checkpoint.
 Resume: every rank loads the same checkpoint folder (a path all ranks can read: one machine or
-a shared file system).
+a shared file system) and takes back its own RNG state (``rng-rank<r>.pt``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ __all__ = [
     "DataParallel",
     "aggregate_metrics",
     "data_parallel",
-    "refuse_data_parallel",
     "shard_round",
     "turn_weights",
 ]
@@ -118,6 +119,25 @@ class DataParallel:
         t = torch.tensor([float(value)], dtype=torch.float64, device=self._device())
         dist.all_reduce(t)
         return float(t.item())
+
+    def sum_vector(self, values: Sequence[float]) -> list[float]:
+        """Each of ``values`` summed over ranks, in one float64 all-reduce."""
+        if not self.enabled:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def reduce_tensors(self, summed: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``summed`` added up and ``top`` maximised over the ranks, where they are (no host
+        read); moved to the process group's device first when that differs."""
+        if not self.enabled:
+            return summed, top
+        device = self._device()
+        summed, top = summed.to(device), top.to(device)
+        dist.all_reduce(summed)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return summed, top
 
     def gather(self, value: T) -> list[T]:
         """Every rank's ``value`` (any picklable object), in rank order."""
@@ -215,15 +235,3 @@ def turn_weights(keys: Iterable[str], counts: Mapping[int, int]) -> dict[str, fl
         if match:
             out[key] = float(counts.get(int(match.group(1)), 0))
     return out
-
-
-def refuse_data_parallel(trainer: str, supported: bool) -> DataParallel:
-    """This process's :func:`data_parallel`; under a multi-process launch, raise for a trainer
-    without data parallel support (each rank would train alone on every item)."""
-    if not supported and _env_int("WORLD_SIZE", "1") > 1:
-        raise ValueError(
-            f"{trainer} does not support data parallel training yet (WORLD_SIZE="
-            f"{os.environ['WORLD_SIZE']}); launch it as one process (python script.py), or use "
-            "a MAGRPO-family trainer under torchrun"
-        )
-    return data_parallel()

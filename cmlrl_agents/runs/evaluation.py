@@ -1,12 +1,23 @@
 """Evaluation: the one-sample-per-turn rollout trees of the eval items (sharded over the ranks
-of a torchrun launch) and the standard metrics of SPEC §5 from them (pure)."""
+of a torchrun launch), the standard metrics from them (pure), and :class:`Evaluator`, the
+trainer's collaborator that runs it without touching training.
+
+Evaluation never changes training: its rows draw from their own sampling keys (an eval key
+space of the run's seed, :func:`~cmlrl_agents.policies.sampling.row_key`), and every global
+random stream (python, numpy, torch CPU and CUDA) is restored after it, so a run with
+evaluation on ends with the weights of the same run with evaluation off.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from cmlrl_agents.functional.returns import ended_chain_returns
 from cmlrl_agents.policies.agent import SamplingConfig
@@ -14,7 +25,13 @@ from cmlrl_agents.policies.generation import GenerationBackend
 from cmlrl_agents.runs.distributed import DataParallel
 from cmlrl_agents.runs.rollout import GroupStepEnv, RolloutTree, collect_tree
 
-__all__ = ["collect_eval_trees", "eval_values", "mean_eval_metrics"]
+__all__ = [
+    "Evaluator",
+    "collect_eval_trees",
+    "eval_values",
+    "isolated_rng",
+    "mean_eval_metrics",
+]
 
 
 def collect_eval_trees(
@@ -25,6 +42,7 @@ def collect_eval_trees(
     sampling: Sequence[SamplingConfig],
     backend: GenerationBackend,
     parallel: DataParallel,
+    sample_key: int | None = None,
 ) -> list[RolloutTree]:
     """One response per agent per turn on ``items`` (``(index, item)``, eval order), rolled out
     ``batch_size`` items per tree. Under torchrun each rank rolls out one contiguous block of
@@ -40,6 +58,7 @@ def collect_eval_trees(
             num_generations=1,
             sampling=sampling,
             backend=backend,
+            sample_key=sample_key,
         )
         for start in range(0, len(mine), batch_size)
     ]
@@ -81,3 +100,46 @@ def eval_values(
                 values.setdefault(key + "reward_mean", []).append(reward)
                 values.setdefault(key + "expected_return", []).append(returns[t])
     return values
+
+
+@contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run a block without changing any global random stream (python, numpy, torch, CUDA)."""
+    python, numpy_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy_state)
+
+
+@dataclass
+class Evaluator:
+    """What evaluation needs, held once: the eval env (early termination off, so every turn
+    is played), the agents, the generation backend, the launch, and the task's training
+    threshold and turns (the standard metrics score each item as training would)."""
+
+    env: GroupStepEnv | None
+    agents: Sequence[Any]
+    backend: GenerationBackend
+    parallel: DataParallel
+    threshold: float | None
+    num_turns: int
+
+    def trees(
+        self, items: Sequence[tuple[int, Mapping[str, Any]]], batch_size: int,
+        sampling: Sequence[SamplingConfig], sample_key: int,
+    ) -> list[RolloutTree]:  # fmt: skip
+        """The eval items' trees, rolled out without touching any global random stream."""
+        assert self.env is not None
+        with isolated_rng():
+            return collect_eval_trees(
+                self.env, self.agents, items, batch_size, sampling, self.backend,
+                self.parallel, sample_key,
+            )  # fmt: skip
+
+    def metrics(self, trees: list[RolloutTree], discount: float) -> dict[str, float]:
+        """The standard ``eval/turn_k/...`` metrics of ``trees``."""
+        return mean_eval_metrics(trees, self.threshold, self.num_turns, discount)

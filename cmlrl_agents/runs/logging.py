@@ -127,6 +127,14 @@ class MetricsLogger:
             if write_config:
                 self.write_config()
 
+    def record_config(self, config: Mapping[str, Any]) -> None:
+        """Record the config a run uses (a trainer calls it at every ``train()``: fields
+        changed since construction included) in ``config.json`` and the W&B run's config."""
+        self.config = redact_secrets(dict(config))
+        self.write_config()
+        if self._run is not None:
+            self._run.config.update(self.config, allow_val_change=True)
+
     def write_config(self) -> None:
         """Write `config.json` (done in `__init__` unless `write_config=False`, and at the first
         emission at the latest): a trainer in a folder of another run holds it back until it

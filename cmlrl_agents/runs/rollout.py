@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from cmlrl_agents.functional.returns import cross_credit, tree_returns
 from cmlrl_agents.policies.agent import Completion, SamplingConfig
 from cmlrl_agents.policies.generation import GenerationBackend, GenerationRequest, HFGenerate
+from cmlrl_agents.policies.sampling import row_key
 from cmlrl_env.core import EpisodeState, Outcome
 
 __all__ = ["GroupStepEnv", "Policy", "Level", "RolloutTree", "collect_tree", "joint_indices"]
@@ -104,45 +104,6 @@ class RolloutTree:
         """Joint-action reward evaluations in this tree (the ``env_step`` increment)."""
         return sum(level.num_joint_actions for level in self.levels)
 
-    def returns(self, discount: float) -> list[Tensor]:
-        """Per level ``[branches, J]``: reward + discount × mean of the children's returns; a
-        branch that ended early keeps its reward for its unplayed turns (see ``tree_returns``)."""
-        rewards = [level.rewards.reshape(-1) for level in self.levels]
-        parents = [torch.tensor([-1])]
-        for level in self.levels[1:]:
-            joints = len(level.joints)
-            parents.append(torch.tensor(level.parent).repeat_interleave(joints))
-        turns_left = [
-            torch.tensor(
-                [
-                    self.num_turns - level.turn if o.terminated else 0
-                    for row in level.outcomes
-                    for o in row
-                ],
-                dtype=torch.long,
-            )
-            for level in self.levels
-        ]
-        flat = tree_returns(rewards, parents, discount, turns_left)
-        return [
-            r.reshape(len(level.states), len(level.joints))
-            for r, level in zip(flat, self.levels, strict=True)
-        ]
-
-    def agent_returns(self, joint_returns: list[Tensor]) -> list[Tensor]:
-        """Per level ``[branches, N, G]``: the return credited to each agent's sample.
-
-        aligned: sample g of every agent gets joint action g's return; cross: the mean over the
-        joint actions the sample took part in.
-        """
-        out = []
-        for level, joint in zip(self.levels, joint_returns, strict=True):
-            if len(level.joints) == self.num_generations:
-                out.append(joint.unsqueeze(1).expand(-1, self.num_agents, -1).contiguous())
-            else:
-                out.append(cross_credit(joint, self.num_agents, self.num_generations))
-        return out
-
 
 def collect_tree(
     env: GroupStepEnv,
@@ -153,6 +114,7 @@ def collect_tree(
     sampling: SamplingConfig | Sequence[SamplingConfig],
     joint_mode: str = "aligned",
     backend: GenerationBackend | None = None,
+    sample_key: int | None = None,
 ) -> RolloutTree:
     """Roll out ``items`` (``(item, index)`` pairs) through every turn of ``env`` with
     ``num_generations`` per branch, through its public group step only.
@@ -160,7 +122,10 @@ def collect_tree(
     ``sampling`` is one setting for every agent or one per agent; ``backend`` answers each
     level's requests (default :class:`~cmlrl_agents.policies.generation.HFGenerate`: one
     ``generate`` call per agent, or one for all adapter agents of a shared base with equal
-    settings)."""
+    settings). ``sample_key`` (a :func:`~cmlrl_agents.policies.sampling.row_key`) keys every
+    generated row by the item's index, its turn, its branch among the item's branches, the
+    agent and the sample, so a row draws the same tokens whatever batch or rank it is generated
+    in; None draws from torch's global generator."""
     states = [env.initial_state(item, index) for item, index in items]
     num_agents = len(states[0].prompts) if states else len(agents)
     if len(agents) != num_agents:
@@ -176,8 +141,15 @@ def collect_tree(
         if not states:
             break
         _check_encodable(states, turn)
+        keys = _row_keys(sample_key, states, slots, turn, len(agents), num_generations)
         requests = [
-            GenerationRequest(a, [s.prompts[a] for s in states], num_generations, per_agent[a])
+            GenerationRequest(
+                a,
+                [s.prompts[a] for s in states],
+                num_generations,
+                per_agent[a],
+                None if keys is None else keys[a],
+            )  # fmt: skip
             for a in range(len(agents))
         ]
         completions = backend.generate(agents, requests)
@@ -185,6 +157,32 @@ def collect_tree(
         tree.levels.append(Level(turn, states, slots, parents, completions, joints, outcomes))
         states, slots, parents = _children(outcomes, slots, len(joints))
     return tree
+
+
+def _row_keys(
+    sample_key: int | None,
+    states: list[EpisodeState],
+    slots: list[int],
+    turn: int,
+    num_agents: int,
+    num_generations: int,
+) -> list[list[int]] | None:
+    """Per agent, one key per (branch, sample) of this level (branch-major), or None."""
+    if sample_key is None:
+        return None
+    seen: dict[int, int] = {}
+    branch_of_item = []
+    for slot in slots:
+        branch_of_item.append(seen.get(slot, 0))
+        seen[slot] = seen.get(slot, 0) + 1
+    out = []
+    for a in range(num_agents):
+        keys = []
+        for state, slot, b in zip(states, slots, branch_of_item, strict=True):
+            item = slot if state.item_index is None else state.item_index
+            keys += [row_key(sample_key, item, turn, b, a, g) for g in range(num_generations)]
+        out.append(keys)
+    return out
 
 
 def _check_encodable(states: list[EpisodeState], turn: int) -> None:

@@ -1,15 +1,22 @@
-"""Construction checks of ``TeamTrainer``: a given env or task against the config, reference
-devices."""
+"""Checks of ``TeamTrainer``'s arguments: a given env or task against the config, reference
+devices, per-agent sampling, and what ``train()`` is given."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_env import TaskSpec
 
-__all__ = ["check_agent_sampling", "check_given_task", "check_reference_devices"]
+__all__ = [
+    "check_agent_sampling",
+    "check_given_task",
+    "check_reference_devices",
+    "resume_target",
+    "train_kwargs_error",
+]
 
 
 def check_given_task(
@@ -56,3 +63,36 @@ def check_agent_sampling(args: SharedConfig, num_agents: int) -> None:
             f"args.agent_sampling has {len(given)} entries for {num_agents} agents; give one "
             "dict per agent ({} keeps the shared settings)."
         )
+
+
+# comlrl's train() took its checkpoint settings and extra generate() kwargs.
+_COMLRL_TRAIN_KWARGS = {
+    "checkpoint_dir": "args.output_dir (checkpoints go to output_dir/checkpoints/)",
+    "checkpoint_interval": "args.save_steps (counted in training task items, not epochs)",
+    "checkpoint_total_limit": "args.save_total_limit",
+}
+
+
+def train_kwargs_error(kwargs: dict[str, Any]) -> TypeError:
+    """The error for keyword arguments that ``train()`` does not take, saying where each goes."""
+    other = (
+        "a config field if it is a generation setting (max_new_tokens, temperature, top_p, "
+        "top_k, min_new_tokens); other generate() options are not supported"
+    )
+    parts = [f"{name} -> {_COMLRL_TRAIN_KWARGS.get(name, other)}" for name in kwargs]
+    return TypeError("train() takes only resume_from_checkpoint; got " + "; ".join(parts) + ".")
+
+
+def resume_target(value: Any) -> str | Path | None:
+    """``resume_from_checkpoint`` as a folder, ``"latest"`` or None; ``True`` means "latest"
+    and ``False`` None (the Hugging Face idiom)."""
+    if value is True:
+        return "latest"
+    if value is None or value is False:
+        return None
+    if isinstance(value, (str, Path)) and str(value):
+        return value
+    raise TypeError(
+        f"resume_from_checkpoint must be a checkpoint folder, 'latest', True (= 'latest') or "
+        f"None, got {value!r}."
+    )

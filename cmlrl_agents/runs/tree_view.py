@@ -21,6 +21,7 @@ from typing import Any
 from torch import Tensor
 
 from cmlrl_agents.functional.advantages import BASELINES, group_advantages
+from cmlrl_agents.learning.credit import agent_returns, joint_returns
 from cmlrl_agents.runs.rollout import Level, RolloutTree
 
 __all__ = ["TreeNode", "TreeView", "rollout_tree_view"]
@@ -196,11 +197,11 @@ def rollout_tree_view(
         raise ValueError(f"advantage_mode must be one of {BASELINES}, got {advantage_mode!r}.")
     if not tree.levels:
         raise ValueError("the tree has no level: collect_tree(...) played no turn.")
-    joint_returns = tree.returns(discount)
-    agent_returns = tree.agent_returns(joint_returns)
+    returns = joint_returns(tree, discount)
+    credit = agent_returns(tree, returns)
     nodes: list[TreeNode] = []
     ids: dict[int, int] = {}  # the previous level's flat joint-action index -> node id
-    for level, joint, per_agent in zip(tree.levels, joint_returns, agent_returns, strict=True):
+    for level, joint, per_agent in zip(tree.levels, returns, credit, strict=True):
         advantages = [
             group_advantages(per_agent[:, a, :], advantage_mode, advantage_normalization)
             for a in range(tree.num_agents)

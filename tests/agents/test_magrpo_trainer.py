@@ -11,10 +11,10 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer, MARLOOTrainer, Sample
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer, MARLOOTrainer
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig, MARLOOConfig
-from cmlrl_agents.algorithms.policy_gradient import StepTotals
 from cmlrl_agents.functional.advantages import group_advantages
+from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import CoMLRLEnv, tasks
 
@@ -22,7 +22,11 @@ FORMATTERS = [tasks.brief_formatter, tasks.detailed_formatter]
 
 
 def make_trainer(tmp_path, **config):
+    """Two tiny agents on the length-ratio task (``num_agents=1``: one agent, one formatter;
+    ``num_turns=2`` adds the task's feedback transition)."""
     train, evaluation = tasks.length_ratio_splits()
+    n = config.get("num_agents", 2)
+    turns = {"external_transition": tasks.length_feedback} if config.get("num_turns", 1) > 1 else {}
     defaults = dict(
         num_agents=2,
         rollout_buffer_size=2,
@@ -36,12 +40,13 @@ def make_trainer(tmp_path, **config):
     )
     args = MAGRPOConfig(**{**defaults, **config})
     return MAGRPOTrainer(
-        agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
-        formatters=FORMATTERS,
-        reward_func=tasks.length_ratio_reward,
+        agents=[tiny_agent(seed=0), tiny_agent(seed=1)][:n],
+        formatters=FORMATTERS[:n],
+        reward_func=tasks.length_ratio_reward if n == 2 else lambda c: [1.0] * len(c),
         train_dataset=train,
         eval_dataset=evaluation,
         args=args,
+        **turns,
     )
 
 
@@ -93,8 +98,16 @@ def test_logging_steps_averages_the_entries_in_each_gap(tmp_path):
     assert rows[1]["turn_1/reward_mean"] == pytest.approx((seen[2] + seen[3]) / 2)
 
 
+def row(slot: int, turn: int, prompt: tuple[int, ...], completion: tuple[int, ...], adv: float):
+    return PolicyRow(
+        agent=0, item_slot=slot, turn=turn, prompt_ids=prompt, completion_ids=completion,
+        advantage=adv,
+    )  # fmt: skip
+
+
 def test_single_agent_update_is_grpo(tmp_path):
-    """1 agent: the trainer's step equals GRPO written out by hand on the same completions."""
+    """1 agent: the trainer's step equals GRPO written out by hand on the same completions,
+    log-probs at the sampling temperature."""
     data = Dataset.from_dict({"prompt": ["a b", "c"]})
     reward = lambda c: [float(len(x)) for x in c]  # noqa: E731
     agent = tiny_agent(seed=3)
@@ -106,43 +119,44 @@ def test_single_agent_update_is_grpo(tmp_path):
         rollout_buffer_size=2,
         max_grad_norm=None,
         agent_learning_rate=1e-2,
+        temperature=0.7,
         output_dir=str(tmp_path / "run"),
+        seed=0,
     )
     trainer = MAGRPOTrainer(agents=[agent], reward_func=reward, train_dataset=data, args=args)
-    torch.manual_seed(0)
     recorded = {}
-    original = trainer.learner.update_agent
+    original = trainer.learner.update
     optimizer = trainer.learner.optimizers[0]
     original_step = optimizer.step
 
-    def record(a, samples):
-        recorded["samples"] = samples
-        return original(a, samples)
+    def record(batch):
+        recorded["rows"] = batch.rows
+        return original(batch)
 
     def record_step(*args, **kwargs):  # the gradient the step applies (no clipping here)
         recorded["grads"] = [p.grad.clone() for p in agent.model.parameters()]
         return original_step(*args, **kwargs)
 
-    trainer.learner.update_agent = record
+    trainer.learner.update = record
     optimizer.step = record_step
     trainer.train()
-    samples = recorded["samples"]
-    # GRPO: A = (r - mean_group) / (std_group + eps); loss = mean_i -A_i * sum_t log p(token)
+    rows = recorded["rows"]
+    # GRPO: A = (r - mean_group) / (std_group + eps); loss = mean_i -A_i * sum_t log p_T(token)
     rewards = torch.tensor(
         [
-            float(len(agent.tokenizer.decode(s.completion_ids, skip_special_tokens=True)))
-            for s in samples
+            float(len(agent.tokenizer.decode(r.completion_ids, skip_special_tokens=True)))
+            for r in rows
         ]
     ).reshape(2, 3)
     expected_adv = group_advantages(rewards, "mean", True).reshape(-1)
-    torch.testing.assert_close(torch.tensor([s.advantage for s in samples]), expected_adv)
+    torch.testing.assert_close(torch.tensor([r.advantage for r in rows]), expected_adv)
     loss = 0.0
-    for s, adv in zip(samples, expected_adv, strict=True):
-        ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)])
-        logits = reference(input_ids=ids).logits[0, :-1].log_softmax(-1)
+    for r, adv in zip(rows, expected_adv, strict=True):
+        ids = torch.tensor([list(r.prompt_ids) + list(r.completion_ids)])
+        logits = (reference(input_ids=ids).logits[0, :-1] / 0.7).log_softmax(-1)
         targets = ids[0, 1:]
-        token_lp = logits.gather(-1, targets[:, None])[:, 0][len(s.prompt_ids) - 1 :]
-        loss = loss - adv * token_lp.sum() / len(samples)
+        token_lp = logits.gather(-1, targets[:, None])[:, 0][len(r.prompt_ids) - 1 :]
+        loss = loss - adv * token_lp.sum() / len(rows)
     loss.backward()
     # The gradients are compared, not the weights after AdamW: Adam moves every weight by about
     # the learning rate whatever its gradient's size, so on a near-zero gradient the float noise
@@ -155,23 +169,44 @@ def test_single_agent_update_is_grpo(tmp_path):
     assert any(not torch.equal(p, q) for p, q in pairs)  # and the optimizer applied it
 
 
+def record_step_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients ``optimizer``'s next step applies, filled in when it steps."""
+    grads: list[torch.Tensor] = []
+    original = optimizer.step
+
+    def step(*args, **kwargs):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads.extend(p.grad.clone() for p in params)
+        return original(*args, **kwargs)
+
+    optimizer.step = step
+    return grads
+
+
+def one_agent_batch(rows: list[PolicyRow]) -> TrainBatch:
+    return TrainBatch(tuple(rows), num_items=len({r.item_slot for r in rows}))
+
+
 @pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
 def test_forward_chunks_give_the_same_update_as_one_batch(tmp_path, aggregation):
     prompts = [(1, 5, 9), (1, 7), (2, 3, 4, 5)]
-    samples = [
-        Sample(i % 2, 1, prompts[i % 3], tuple(range(10, 13 + i)), adv)
+    rows = [
+        row(i % 2, 1, prompts[i % 3], tuple(range(10, 13 + i)), adv)
         for i, adv in enumerate([0.5, -1.0, 2.0, 0.1, -0.3])
     ]
-    params = []
+    results = []
     for chunk in (None, 1, 2):
-        trainer = make_trainer(tmp_path, forward_batch_size=chunk, loss_aggregation=aggregation)
-        stats = trainer.learner.step(0, samples)
-        params.append(
-            (stats["loss"], [p.detach().clone() for p in trainer.agents[0].model.parameters()])
+        trainer = make_trainer(
+            tmp_path, num_agents=1, forward_batch_size=chunk, loss_aggregation=aggregation
         )
-    for loss, weights in params[1:]:
-        assert loss == pytest.approx(params[0][0], rel=1e-5)
-        for got, want in zip(weights, params[0][1], strict=True):
+        grads = record_step_gradients(trainer.learner.optimizers[0])
+        stats = trainer.learner.update(one_agent_batch(rows))
+        results.append((stats["loss"], grads))
+    # The gradients each step applies are compared: Adam scales a near-zero gradient's float
+    # noise up to a step of about the learning rate.
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-5)
+        for got, want in zip(grads, results[0][1], strict=True):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
@@ -188,23 +223,17 @@ def test_reference_kl_metrics(tmp_path):
     )
 
 
-def test_step_totals_sum_the_chunks_and_read_the_kls_by_turn():
-    totals = StepTotals()
-    rows = [Sample(0, turn, (1,), (2,), 0.0) for turn in (1, 2, 1)]
-    totals.add(torch.tensor(0.25), rows[:2], torch.tensor([0.5, 1.5]))
-    totals.add(torch.tensor(-1.0), rows[2:], torch.tensor([2.5]))
-    assert totals.read() == (-0.75, {1: [0.5, 2.5], 2: [1.5]})
-    assert StepTotals().read() == (0.0, {})  # a rank without rows in this step
-
-
 def test_forward_chunks_give_the_same_reference_kl_stats(tmp_path):
-    samples = [Sample(0, 1 + i % 2, (1, 5, 9), tuple(range(10, 13 + i)), 0.5 - i) for i in range(4)]
+    rows = [row(i // 2, 1 + i % 2, (1, 5, 9), tuple(range(10, 13 + i)), 0.5 - i) for i in range(4)]
     stats = []
     for chunk in (None, 1, 3):
-        trainer = make_trainer(tmp_path, forward_batch_size=chunk, reference_kl_enabled=True)
+        trainer = make_trainer(
+            tmp_path, num_agents=1, num_turns=2, forward_batch_size=chunk,
+            reference_kl_enabled=True,
+        )  # fmt: skip
         with torch.no_grad():  # move the policy away from its reference
             next(trainer.agents[0].model.parameters()).add_(0.05)
-        stats.append(trainer.learner.step(0, samples))
+        stats.append(trainer.learner.update(one_agent_batch(rows)))
     assert stats[0]["turn_2/reference_kl_mean"] > 0.0
     for got in stats[1:]:
         for key in ("loss", "turn_1/reference_kl_mean", "turn_2/reference_kl_mean"):
@@ -217,9 +246,9 @@ def test_evaluate_uses_one_response_per_agent_per_turn_in_batches(tmp_path):
     for agent in trainer.agents:
         original = agent.generate
 
-        def spy(prompts, num_samples=1, sampling=None, _original=original):
+        def spy(prompts, num_samples=1, sampling=None, keys=None, _original=original):
             calls.append((len(prompts), num_samples))
-            return _original(prompts, num_samples, sampling)
+            return _original(prompts, num_samples, sampling, keys)
 
         agent.generate = spy
     metrics = trainer.evaluate(num_eval_samples=2)

@@ -9,7 +9,7 @@ from cmlrl_agents.algorithms.actor_critic import IACTrainer
 from cmlrl_agents.algorithms.actor_critic_config import IACConfig
 from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
-from cmlrl_agents.algorithms.schedules import round_sizes
+from cmlrl_agents.learning.schedules import round_sizes
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import tasks
 

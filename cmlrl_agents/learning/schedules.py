@@ -73,16 +73,11 @@ def apply_learning_rates(
         group["lr"] = lr
 
 
-def round_sizes(num_items: int, rollout_size: int, eval_interval: int) -> Iterable[int]:
+def round_sizes(num_items: int, rollout_size: int) -> Iterable[int]:
     """The item counts of one epoch's rounds, as ``TeamTrainer`` cuts them: ``rollout_size``
-    items, a round never spanning an evaluation point."""
-    start = 0
-    while start < num_items:
-        stop = min(start + rollout_size, num_items)
-        if eval_interval:
-            stop = min(stop, (start // eval_interval + 1) * eval_interval)
-        yield stop - start
-        start = stop
+    items each, the last one what is left (evaluation never cuts a round)."""
+    for start in range(0, num_items, rollout_size):
+        yield min(rollout_size, num_items - start)
 
 
 def steps_per_round(items: int, items_per_step: int, epochs: int = 1) -> int:

@@ -1,0 +1,166 @@
+"""Credit: returns and advantages as pure functions of a rollout tree (no model, no state).
+
+One meaning of early termination for every family: a branch whose reward passed the
+threshold before the last turn is an absorbing state that keeps its reward for each turn it
+did not play, ``r * (1 + discount + ... + discount**m)`` for ``m`` unplayed turns. Its siblings
+that missed the target collect rewards for those turns, so giving the ended branch its reward
+alone would credit success below failure. The MAGRPO family's tree returns, the actor-critics'
+GAE and the evaluation's ``expected_return`` all use it (``functional/returns.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from cmlrl_agents.functional.advantages import group_advantages
+from cmlrl_agents.functional.returns import cross_credit, gae, held_rewards, tree_returns
+from cmlrl_agents.learning.batch import PolicyRow
+from cmlrl_agents.runs.metrics import turn_key
+from cmlrl_agents.runs.rollout import RolloutTree
+
+__all__ = [
+    "agent_returns",
+    "chain_credit",
+    "group_rows",
+    "joint_returns",
+    "round_metrics",
+    "turns_left",
+]
+
+
+def turns_left(tree: RolloutTree) -> list[Tensor]:
+    """Per level ``[branches * J]`` (flat): the turns each joint action's branch did not play
+    because it ended early (0 where it went on, or on the last turn)."""
+    return [
+        torch.tensor(
+            [
+                tree.num_turns - level.turn if o.terminated else 0
+                for row in level.outcomes
+                for o in row
+            ],
+            dtype=torch.long,
+        )
+        for level in tree.levels
+    ]
+
+
+def joint_returns(tree: RolloutTree, discount: float) -> list[Tensor]:
+    """Per level ``[branches, J]``: reward + discount x the mean return of the children; an
+    early-ended branch absorbs (module docstring). Empty for an empty tree (a rank's empty
+    share of a round)."""
+    if not tree.levels:
+        return []
+    rewards = [level.rewards.reshape(-1) for level in tree.levels]
+    parents = [torch.tensor([-1])]
+    for level in tree.levels[1:]:
+        parents.append(torch.tensor(level.parent).repeat_interleave(len(level.joints)))
+    flat = tree_returns(rewards, parents, discount, turns_left(tree))
+    return [
+        r.reshape(len(level.states), len(level.joints))
+        for r, level in zip(flat, tree.levels, strict=True)
+    ]
+
+
+def agent_returns(tree: RolloutTree, joint: list[Tensor]) -> list[Tensor]:
+    """Per level ``[branches, N, G]``: the return credited to each agent's sample. aligned:
+    sample g of every agent gets joint action g's return; cross: the mean over the joint
+    actions the sample took part in."""
+    out = []
+    for level, returns in zip(tree.levels, joint, strict=True):
+        if len(level.joints) == tree.num_generations:
+            out.append(returns.unsqueeze(1).expand(-1, tree.num_agents, -1).contiguous())
+        else:
+            out.append(cross_credit(returns, tree.num_agents, tree.num_generations))
+    return out
+
+
+def group_rows(
+    tree: RolloutTree, credit: list[Tensor], advantage_mode: str, normalize: bool
+) -> list[PolicyRow]:
+    """Every completion of every agent with its advantage over its G siblings (``credit`` from
+    :func:`agent_returns`), in agent, level, branch, sample order."""
+    rows = []
+    for agent in range(tree.num_agents):
+        for level, returns in zip(tree.levels, credit, strict=True):
+            adv = group_advantages(returns[:, agent, :], advantage_mode, normalize).tolist()
+            for branch, samples in enumerate(level.completions[agent]):
+                for g, completion in enumerate(samples):
+                    rows.append(
+                        PolicyRow(
+                            agent=agent,
+                            item_slot=level.item_slot[branch],
+                            turn=level.turn,
+                            prompt_ids=completion.prompt_ids,
+                            completion_ids=completion.completion_ids,
+                            advantage=adv[branch][g],
+                            finished=completion.finished,
+                            sampler_logprobs=completion.sampler_logprobs,
+                        )
+                    )
+    return rows
+
+
+def chain_credit(
+    tree: RolloutTree, state_values: list[Tensor], discount: float, lam: float
+) -> tuple[list[Tensor], list[Tensor]]:
+    """GAE advantages and returns of every joint action, per level ``[branches, J]``, over each
+    episode's chain of turns (the actor-critics' credit).
+
+    ``state_values[t]`` is ``[branches]``: V of each state of level ``t``. Level 0's joint actions
+    start the chains; a later level's branch continues its parent's chain (needs J = 1 there).
+    A chain that ended early is terminal with its absorbing reward (module docstring).
+    """
+    if len(tree.levels) > 1 and any(len(level.joints) != 1 for level in tree.levels):
+        raise ValueError("multi-turn chains need num_generations=1 (one joint action per state).")
+    first = tree.levels[0]
+    chains = [torch.arange(len(first.states) * len(first.joints)).reshape(len(first.states), -1)]
+    for level in tree.levels[1:]:
+        chains.append(chains[-1].reshape(-1)[torch.tensor(level.parent)].reshape(-1, 1))
+    flat_rewards = [level.rewards.reshape(-1) for level in tree.levels]
+    held = held_rewards(flat_rewards, turns_left(tree), discount)
+    shape = (chains[0].numel(), len(tree.levels))
+    rewards, values = torch.zeros(shape), torch.zeros(shape)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for t, (level, ids) in enumerate(zip(tree.levels, chains, strict=True)):
+        flat = ids.reshape(-1)
+        rewards[flat, t] = flat_rewards[t] + held[t]
+        values[flat, t] = state_values[t].float().repeat_interleave(len(level.joints))
+        mask[flat, t] = True
+    adv, ret = gae(rewards, values, mask, discount, lam)
+    return (
+        [adv[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
+        [ret[ids.reshape(-1), t].reshape(ids.shape) for t, ids in enumerate(chains)],
+    )
+
+
+def round_metrics(tree: RolloutTree, joint: list[Tensor]) -> dict[str, float]:
+    """A round's ``turn_k/reward_mean`` and ``turn_k/expected_return`` (every joint action of
+    turn k, ``joint`` from :func:`joint_returns`), and what its completions look like:
+    ``completions/length_{mean,min,max}`` (tokens) and ``completions/clipped_fraction`` (cut at
+    ``max_new_tokens`` before EOS), over every agent's completions."""
+    metrics = {}
+    for level, returns in zip(tree.levels, joint, strict=True):
+        metrics[turn_key(level.turn, "reward_mean")] = float(level.rewards.mean())
+        metrics[turn_key(level.turn, "expected_return")] = float(returns.mean())
+    completions = [
+        c
+        for level in tree.levels
+        for agent_rows in level.completions
+        for samples in agent_rows
+        for c in samples
+    ]
+    if completions:
+        lengths = [len(c.completion_ids) for c in completions]
+        metrics["completions/length_mean"] = sum(lengths) / len(lengths)
+        metrics["completions/length_min"] = float(min(lengths))
+        metrics["completions/length_max"] = float(max(lengths))
+        cut = sum(not c.finished for c in completions)
+        metrics["completions/clipped_fraction"] = cut / len(completions)
+    groups = [r for level, r in zip(tree.levels, joint, strict=True) if len(level.joints) > 1]
+    if groups:
+        # A group whose joint actions all got one return gives every sibling advantage 0: no
+        # learning signal from that state (TRL's frac_reward_zero_std).
+        flat = torch.cat([(r.amax(dim=1) - r.amin(dim=1)) == 0 for r in groups])
+        metrics["groups/zero_spread_fraction"] = float(flat.float().mean())
+    return metrics

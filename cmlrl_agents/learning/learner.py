@@ -1,0 +1,83 @@
+"""The learner protocol every family implements, and the optimizer bookkeeping they share.
+
+A learner is the algorithm: it holds the optimizers (and schedulers, references, critics) and
+turns one batch into optimizer steps through the one engine (engine.py):
+``update(batch) -> metrics``. The trainer is the loop around it and only calls this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from cmlrl_agents.learning.schedules import apply_learning_rates, make_schedulers
+from cmlrl_agents.runs.config import SharedConfig
+
+__all__ = ["Learner", "OptimizedLearner"]
+
+B = TypeVar("B", contravariant=True)
+
+
+class Learner(Protocol[B]):
+    """What a trainer needs of its learner."""
+
+    args: Any
+    schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR]
+
+    def update(self, batch: B) -> dict[str, float]:
+        """Every optimizer step of one batch; the round's metrics."""
+        ...
+
+    def schedule(self, rounds: Iterable[int] | None) -> None:
+        """Build the learning-rate schedules for rounds of these item counts (None: unknown)."""
+        ...
+
+    def checkpoint_parts(self) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
+        """The trainable models and their optimizers, by checkpoint name."""
+        ...
+
+    def apply_learning_rates(self) -> None:
+        """Set every optimizer to the config's rates (a resumed optimizer brings its own)."""
+        ...
+
+
+class OptimizedLearner:
+    """Schedules and learning rates of a learner's named optimizers (``named_optimizers``),
+    each param group at ``learning_rates(name)[i]``."""
+
+    args: SharedConfig
+    schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR]
+
+    def named_optimizers(self) -> Mapping[str, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def learning_rates(self, name: str) -> list[float]:
+        """The config's learning rate of each param group of optimizer ``name``."""
+        groups = self.named_optimizers()[name].param_groups
+        return [self.args.agent_learning_rate] * len(groups)
+
+    def steps_per_round(self, items: int) -> int | None:
+        """Optimizer steps of one optimizer in a round of ``items`` items (None: unknown)."""
+        return None
+
+    def schedule(self, rounds: Iterable[int] | None) -> None:
+        """Build the learning-rate schedulers for a run of rounds of these item counts (None:
+        unknown, a stream); once only, so a resumed schedule is not rebuilt."""
+        if self.schedulers:
+            return
+        total = None
+        if rounds is not None:
+            steps = [self.steps_per_round(r) for r in rounds]
+            total = None if any(s is None for s in steps) else sum(steps)  # type: ignore[misc]
+        args = self.args
+        self.schedulers = make_schedulers(
+            dict(self.named_optimizers()), args.lr_scheduler_type, args.warmup_steps, total
+        )
+
+    def apply_learning_rates(self) -> None:
+        """The config's learning rates win over the ones a resumed optimizer brings (the
+        schedule's current factor applied; see schedules.py)."""
+        for name, optimizer in self.named_optimizers().items():
+            apply_learning_rates(optimizer, self.schedulers.get(name), self.learning_rates(name))
