@@ -41,6 +41,7 @@ from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
 from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords, check_team_keywords
+from cmlrl_agents.runs.trainer_setup import team_size
 
 __all__ = ["IACTrainer", "MAACTrainer", "RolloutSample"]
 
@@ -70,7 +71,7 @@ class _ActorCriticTrainer(TeamTrainer):
         check_team_keywords(team, type(self).__name__)
         env = team.get("env")
         spec = team.get("task") if env is None else env.spec
-        size = self.team_size(
+        size = team_size(
             args, team.get("num_agents"), team.get("agents"), team.get("formatters"), spec
         )
         count = check_critic_args(self, args, critic_model, critics, size)

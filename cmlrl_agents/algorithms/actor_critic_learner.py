@@ -285,10 +285,15 @@ class ActorCriticLearner(OptimizedLearner):
             per_step[self._critic_metric(c, "grad_norm")].append(result.stats[f"{name}/grad_norm"])
 
     def _value_metrics(self, samples: list[list[RolloutSample]]) -> dict[str, float]:
+        """Value means and explained variances over the whole round (every rank's share)."""
         count = len(self.critics)
-        return value_metrics(
-            {self._critic_prefix(c): samples[self.critic_agent(c)] for c in range(count)}
-        )
+        mine = {self._critic_prefix(c): samples[self.critic_agent(c)] for c in range(count)}
+        rows = {key: [(s.value, s.returns) for s in rows] for key, rows in mine.items()}
+        merged: dict[str, list[tuple[float, float]]] = {key: [] for key in rows}
+        for rank_rows in self.parallel.gather(rows):
+            for key, pairs in rank_rows.items():
+                merged[key].extend(pairs)
+        return value_metrics(merged)
 
     def _head_on_actor(self, a: int) -> ValueModel | None:
         critic = self.critics[self.critic_index(a)]

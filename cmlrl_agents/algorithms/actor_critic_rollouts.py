@@ -158,9 +158,10 @@ def normalized(samples: list[RolloutSample], parallel: DataParallel) -> list[Rol
     ]
 
 
-def value_metrics(rows: Mapping[str, list[RolloutSample]]) -> dict[str, float]:
+def value_metrics(rows: Mapping[str, list[tuple[float, float]]]) -> dict[str, float]:
     """``<prefix>/value_mean`` and ``<prefix>/explained_variance`` per critic (``rows`` maps its
-    metric prefix to its samples), and both pooled over every critic without a prefix.
+    metric prefix to its samples' (rollout-time value, GAE return) pairs), and both pooled over
+    every critic without a prefix.
 
     Explained variance is stable-baselines3's ``1 - Var[R - V] / Var[R]`` of the rollout-time
     values against the GAE returns; it is left out where undefined (all returns equal, up to
@@ -168,9 +169,9 @@ def value_metrics(rows: Mapping[str, list[RolloutSample]]) -> dict[str, float]:
     """
     metrics: dict[str, float] = {}
     all_values, all_targets = [], []
-    for prefix, samples in rows.items():
-        values = np.array([s.value for s in samples])
-        targets = np.array([s.returns for s in samples])
+    for prefix, pairs in rows.items():
+        values = np.array([v for v, _ in pairs])
+        targets = np.array([r for _, r in pairs])
         all_values.append(values)
         all_targets.append(targets)
         metrics.update(_value_stats(f"{prefix}/", values, targets))

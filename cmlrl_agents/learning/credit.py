@@ -21,6 +21,7 @@ from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = [
     "agent_returns",
+    "agent_rows",
     "chain_credit",
     "group_rows",
     "joint_returns",
@@ -75,30 +76,40 @@ def agent_returns(tree: RolloutTree, joint: list[Tensor]) -> list[Tensor]:
     return out
 
 
+def agent_rows(
+    tree: RolloutTree, agent: int, credit: list[Tensor], advantage_mode: str, normalize: bool
+) -> list[PolicyRow]:
+    """Every completion of ``agent`` with its advantage over its G siblings (``credit`` from
+    :func:`agent_returns`), in level, branch, sample order."""
+    rows = []
+    for level, returns in zip(tree.levels, credit, strict=True):
+        adv = group_advantages(returns[:, agent, :], advantage_mode, normalize).tolist()
+        for branch, samples in enumerate(level.completions[agent]):
+            for g, completion in enumerate(samples):
+                rows.append(
+                    PolicyRow(
+                        agent=agent,
+                        item_slot=level.item_slot[branch],
+                        turn=level.turn,
+                        prompt_ids=completion.prompt_ids,
+                        completion_ids=completion.completion_ids,
+                        advantage=adv[branch][g],
+                        finished=completion.finished,
+                        sampler_logprobs=completion.sampler_logprobs,
+                    )
+                )
+    return rows
+
+
 def group_rows(
     tree: RolloutTree, credit: list[Tensor], advantage_mode: str, normalize: bool
 ) -> list[PolicyRow]:
-    """Every completion of every agent with its advantage over its G siblings (``credit`` from
-    :func:`agent_returns`), in agent, level, branch, sample order."""
-    rows = []
-    for agent in range(tree.num_agents):
-        for level, returns in zip(tree.levels, credit, strict=True):
-            adv = group_advantages(returns[:, agent, :], advantage_mode, normalize).tolist()
-            for branch, samples in enumerate(level.completions[agent]):
-                for g, completion in enumerate(samples):
-                    rows.append(
-                        PolicyRow(
-                            agent=agent,
-                            item_slot=level.item_slot[branch],
-                            turn=level.turn,
-                            prompt_ids=completion.prompt_ids,
-                            completion_ids=completion.completion_ids,
-                            advantage=adv[branch][g],
-                            finished=completion.finished,
-                            sampler_logprobs=completion.sampler_logprobs,
-                        )
-                    )
-    return rows
+    """:func:`agent_rows` of every agent, agent-major."""
+    return [
+        row
+        for agent in range(tree.num_agents)
+        for row in agent_rows(tree, agent, credit, advantage_mode, normalize)
+    ]
 
 
 def chain_credit(

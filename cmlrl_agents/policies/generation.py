@@ -66,8 +66,10 @@ class HFGenerate:
         for group in self._groups(agents, requests):
             if len(group) == 1:
                 r = requests[group[0]]
+                # Keys only when given: a policy written for collect_tree without them works.
+                keys = {} if r.keys is None else {"keys": r.keys}
                 out[group[0]] = agents[r.agent].generate(
-                    list(r.prompts), r.num_samples, r.sampling, r.keys
+                    list(r.prompts), r.num_samples, r.sampling, **keys
                 )
                 continue
             for index, completions in zip(group, _one_call(agents, requests, group), strict=True):

@@ -196,7 +196,7 @@ def prefix_shared_scores(
             "completion_mask marks position 0, which has no preceding token to predict it; "
             "every row needs at least one prompt token (use build_batch)"
         )
-    _check_vocab(model, batch.input_ids)
+    _check_vocab(model, batch.input_ids, batch.max_token)
     device = batch.input_ids.device
     temps = row_temperatures(temperature, len(groups.group), device)
     ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id

@@ -28,8 +28,13 @@ class ScriptedPolicy:
         self.calls: list[tuple[list[str], int]] = []
 
     def generate(
-        self, prompts: Sequence[str], num_samples: int = 1, sampling: SamplingConfig | None = None
+        self,
+        prompts: Sequence[str],
+        num_samples: int = 1,
+        sampling: SamplingConfig | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
+        """The scripted texts (``sampling`` and the sampling ``keys`` have nothing to draw)."""
         self.calls.append((list(prompts), num_samples))
         out = []
         for prompt in prompts:
@@ -74,8 +79,13 @@ class ScriptedLLMAgent(LLMAgent):
         return [[c.text for c in row] for row in self.policy.generate(list(prompts), num_samples)]
 
     def generate(
-        self, prompts: Sequence[str], num_samples: int = 1, sampling: SamplingConfig | None = None
+        self,
+        prompts: Sequence[str],
+        num_samples: int = 1,
+        sampling: SamplingConfig | None = None,
+        keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
+        """The scripted texts as the model's tokens (nothing is sampled: ``keys`` unused)."""
         prompt_ids = self.encode_prompts(prompts)
         eos = self.tokenizer.eos_token_id
         eos = min(self.eos_token_ids) if eos is None else eos

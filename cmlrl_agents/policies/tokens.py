@@ -115,6 +115,11 @@ class TokenBatch:
     input_ids: Tensor
     attention_mask: Tensor
     completion_mask: Tensor
+    first_scored: int | None = None
+    """The first column any row's completion starts at, and ``max_token`` the largest token
+    id: known on the host when :func:`build_batch` made the batch, so scoring need not read
+    the device for them (None: scoring reads them)."""
+    max_token: int | None = None
 
     def __post_init__(self) -> None:
         shapes = {
@@ -140,6 +145,8 @@ class TokenBatch:
             self.input_ids.to(device),
             self.attention_mask.to(device),
             self.completion_mask.to(device),
+            self.first_scored,
+            self.max_token,
         )
 
     @property
@@ -175,12 +182,16 @@ def build_batch(
     input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     completion_mask = torch.zeros_like(input_ids)
+    first, top = width, 0
     for b, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
         n_p, n = len(prompt), len(prompt) + len(completion)
         input_ids[b, :n] = torch.as_tensor([*prompt, *completion], dtype=torch.long)
         attention_mask[b, :n] = 1
         completion_mask[b, n_p:n] = 1
-    return TokenBatch(input_ids, attention_mask, completion_mask)
+        if completion:
+            first = min(first, n_p)
+        top = max(top, *prompt, *completion)
+    return TokenBatch(input_ids, attention_mask, completion_mask, first, top)
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
@@ -192,11 +203,14 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
-def _check_vocab(model: nn.Module, input_ids: Tensor) -> None:
+def _check_vocab(model: nn.Module, input_ids: Tensor, top: int | None = None) -> None:
     # The embedding lookup would fail with a bare "index out of range in self".
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     vocab = getattr(embeddings, "num_embeddings", None)
-    top = int(input_ids.max()) if input_ids.numel() else 0
+    if vocab is None:
+        return
+    if top is None:  # a read of the device; build_batch knows it on the host
+        top = int(input_ids.max()) if input_ids.numel() else 0
     if vocab is not None and top >= vocab:
         raise ValueError(
             f"token id {top} is outside the model's vocabulary of {vocab}; the tokenizer and the "
@@ -296,16 +310,15 @@ def sequence_scores(
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
     mask = batch.completion_mask
     length = mask.shape[1]
-    if bool(mask[:, 0].any()):
+    first = batch.first_scored if batch.first_scored is not None else _first_scored(mask)
+    if first == 0:
         raise ValueError(
             "completion_mask marks position 0, which has no preceding token to predict it; "
             "every row needs at least one prompt token (use build_batch)"
         )
     temps = row_temperatures(temperature, mask.shape[0], batch.input_ids.device)
-    has_completion = mask.any(dim=0)
-    first = int(has_completion.nonzero()[0, 0]) if bool(has_completion.any()) else length
     keep = length - first + 1  # logits at positions first-1 .. L-1; the last one predicts nothing
-    _check_vocab(model, batch.input_ids)
+    _check_vocab(model, batch.input_ids, batch.max_token)
     kwargs: dict[str, Any] = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
     if adapter_names is not None:
         kwargs["adapter_names"] = list(adapter_names)
@@ -324,6 +337,12 @@ def sequence_scores(
     return TokenScores(
         _placed(token_lp, first, valid), None if ent is None else _placed(ent, first, valid)
     )
+
+
+def _first_scored(mask: Tensor) -> int:
+    """The first column with a completion token (the mask's width when there is none)."""
+    has_completion = mask.any(dim=0)
+    return int(has_completion.nonzero()[0, 0]) if bool(has_completion.any()) else mask.shape[1]
 
 
 def _placed(values: Tensor, first: int, valid: Tensor) -> Tensor:

@@ -211,19 +211,25 @@ def data_parallel() -> DataParallel:
 def aggregate_metrics(
     parallel: DataParallel, metrics: Mapping[str, float], weights: Mapping[str, float]
 ) -> dict[str, float]:
-    """Each key's mean over the ranks that have it, weighted by ``weights[key]`` (e.g. the
-    rank's number of joint actions of that turn; 1 where absent): the all-rank mean of a
-    per-rank mean."""
+    """Each key over the ranks that have it: a ``..._min`` / ``..._max`` key the minimum /
+    maximum, any other the mean weighted by ``weights[key]`` (e.g. the rank's number of joint
+    actions of that turn; 1 where absent): the all-rank mean of a per-rank mean."""
     if not parallel.enabled:
         return dict(metrics)
     totals: dict[str, list[float]] = {}
+    extremes: dict[str, list[float]] = {}
     for rank_metrics, rank_weights in parallel.gather((dict(metrics), dict(weights))):
         for key, value in rank_metrics.items():
+            if key.endswith(("_min", "_max")):
+                extremes.setdefault(key, []).append(value)
+                continue
             w = rank_weights.get(key, 1.0)
             acc = totals.setdefault(key, [0.0, 0.0])
             acc[0] += w * value
             acc[1] += w
-    return {key: s / w for key, (s, w) in totals.items() if w > 0}
+    out = {key: s / w for key, (s, w) in totals.items() if w > 0}
+    out.update({k: (min(v) if k.endswith("_min") else max(v)) for k, v in extremes.items()})
+    return out
 
 
 def turn_weights(keys: Iterable[str], counts: Mapping[int, int]) -> dict[str, float]:

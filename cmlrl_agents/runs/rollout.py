@@ -44,8 +44,11 @@ class GroupStepEnv(Protocol):
 
 
 class Policy(Protocol):
+    """What ``collect_tree`` asks of an agent. ``keys`` (one sampling key per prompt and
+    sample) is passed only when the rollout has a ``sample_key``."""
+
     def generate(
-        self, prompts: list[str], num_samples: int, sampling: SamplingConfig
+        self, prompts: list[str], num_samples: int, sampling: SamplingConfig, keys: Any = None
     ) -> list[list[Completion]]: ...
 
 

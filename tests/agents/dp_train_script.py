@@ -1,11 +1,12 @@
 """Run by tests/agents/test_data_parallel.py, in one process or under torch.distributed.run.
 
-    python dp_train_script.py '{"out": "...", "items": 8, "resume": false, ...}'
+    python dp_train_script.py '{"out": "...", "family": "magrpo", "items": 8, ...}'
 
-Trains two scripted agents (real tiny models answering scripted texts: generation is
-deterministic) and writes ``params-rank<r>.pt`` (every agent's weights) and
-``metrics-rank<r>.json`` (the last round's metrics; with ``eval_items`` the final evaluation's
-metrics and how many eval items this rank's reward function scored) into ``out``.
+Trains a team of sampling tiny agents (real generation: each row draws from its sampling key,
+so a launch samples what one process samples) with the trainer of ``family`` (magrpo, iac,
+maac, centralized, madpo, marlhf) and writes ``params-rank<r>.pt`` (every trained weight) and
+``metrics-rank<r>.json`` (the last metrics; with ``eval_items`` the final evaluation's metrics
+and how many eval items this rank's reward function scored) into ``out``.
 """
 
 from __future__ import annotations
@@ -15,33 +16,36 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from datasets import Dataset
 
-from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
-from cmlrl_agents.policies.scripted import ScriptedLLMAgent
+from cmlrl_agents import (
+    CentralizedMAGRPOConfig,
+    CentralizedMAGRPOTrainer,
+    IACConfig,
+    IACTrainer,
+    MAACConfig,
+    MAACTrainer,
+    MADPOConfig,
+    MADPOTrainer,
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MARLHFConfig,
+    MARLHFTrainer,
+    PreferenceRewardModel,
+)
 from cmlrl_agents.runs.distributed import data_parallel
-from cmlrl_agents.testing import tiny_model, tiny_tokenizer
-
-WORDS = ("sun", "rain over the hills", "a", "wind and snow", "grey sky at noon")
-
-
-def brief(prompt: str, g: int) -> str:
-    return WORDS[(len(prompt) + g) % len(WORDS)]
-
-
-def detailed(prompt: str, g: int) -> str:
-    return " ".join(WORDS[: 1 + (prompt.count("7") + 2 * g + len(prompt)) % len(WORDS)])
-
+from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_reward_model, tiny_tokenizer
 
 CALLS = {"reward": 0}
 
 
 def ratio_reward(c1: list[str], c2: list[str]) -> list[float]:
-    CALLS["reward"] += 1  # once per item and turn (SPEC §4)
+    CALLS["reward"] += 1  # once per item and turn
     ratios = [len(b) / max(len(a), 1) for a, b in zip(c1, c2, strict=True)]
     return [math.exp(-max(0.0, r - 3.0, 2.0 - r)) for r in ratios]
 
@@ -55,38 +59,75 @@ def eval_aggregator(rows: list[dict[str, float]], *, num_turns: int) -> dict[str
             "rows": float(len(rows))}  # fmt: skip
 
 
+def brief(item: dict[str, Any]) -> str:
+    return f"Briefly: {item['prompt']}"
+
+
+def detailed(item: dict[str, Any]) -> str:
+    return f"In detail: {item['prompt']}"
+
+
+SHARED = dict(
+    max_new_tokens=5, eval_interval=0, logging_steps=1, agent_learning_rate=1e-2, seed=0,
+    verbose=False, temperature=1.0, top_p=1.0, top_k=None,
+)  # fmt: skip
+
+
+def build(spec: dict[str, Any], out: Path) -> Any:
+    family = spec.get("family", "magrpo")
+    data = Dataset.from_dict({"prompt": [f"task {i * 7}" for i in range(spec["items"])]})
+    team = {"agents": [tiny_agent(seed=0, eos_bias=3.0), tiny_agent(seed=1, eos_bias=1.0)],
+            "formatters": [brief, detailed], "reward_func": ratio_reward,
+            "train_dataset": data}  # fmt: skip
+    common = {**SHARED, "output_dir": str(out / "run"), "save_steps": spec.get("save_steps", 0),
+              "num_train_epochs": spec.get("epochs", 1), "forward_batch_size": 4}  # fmt: skip
+    if family == "magrpo":
+        args = MAGRPOConfig(
+            **common, num_generations=2, rollout_buffer_size=4,
+            loss_aggregation=spec.get("loss_aggregation", "token_mean"),
+        )  # fmt: skip
+        num_eval = spec.get("eval_items", 0)
+        if num_eval:  # evaluated at items 0 and 4 of the epoch, and once more at the end
+            questions = Dataset.from_dict({"prompt": [f"q {i}" for i in range(num_eval)]})
+            team.update(eval_dataset=questions, eval_logger=eval_logger,
+                        eval_aggregator=eval_aggregator)  # fmt: skip
+            args.eval_interval, args.eval_num_samples, args.eval_batch_size = 4, num_eval, 2
+        return MAGRPOTrainer(args=args, **team)
+    if family in ("iac", "maac"):
+        cls, config = (IACTrainer, IACConfig) if family == "iac" else (MAACTrainer, MAACConfig)
+        args = config(**common, rollout_buffer_size=4, train_batch_size=2, ppo_clip_range=0.2)
+        critics = [
+            tiny_model(len(tiny_tokenizer()), 5 + c) for c in range(2 if family == "iac" else 1)
+        ]
+        return cls(args=args, critics=critics, tokenizer=tiny_tokenizer(), **team)
+    if family == "centralized":
+        args = CentralizedMAGRPOConfig(**common, num_generations=2, rollout_buffer_size=4)
+        team["agents"] = team["agents"][:1]
+        return CentralizedMAGRPOTrainer(args=args, **team)
+    if family == "madpo":
+        args = MADPOConfig(**common, preference_num_candidates=3, rollout_buffer_size=4,
+                           pair_batch_size=4)  # fmt: skip
+        return MADPOTrainer(args=args, **team)
+    tokenizer = tiny_tokenizer()
+    rl = MAGRPOConfig(**{**common, "output_dir": None}, num_generations=2, rollout_buffer_size=4)
+    args = MARLHFConfig(**common, rl_algorithm="magrpo", rl_args=rl, reward_learning_rate=1e-3,
+                        rollout_buffer_size=4)  # fmt: skip
+    model = PreferenceRewardModel(tiny_reward_model(len(tokenizer)), tokenizer, device="cpu")
+    return MARLHFTrainer(args=args, reward_model=model, **team)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(1)
     out = Path(spec["out"])
-    tokenizer = tiny_tokenizer()
-    agents = [
-        ScriptedLLMAgent(script, tiny_model(len(tokenizer), seed), tokenizer)
-        for seed, script in enumerate((brief, detailed))
-    ]
-    args = MAGRPOConfig(
-        num_generations=2, rollout_buffer_size=4, forward_batch_size=4, eval_interval=0,
-        logging_steps=1, agent_learning_rate=1e-2, seed=0, output_dir=str(out / "run"),
-        save_steps=spec.get("save_steps", 0), num_train_epochs=spec.get("epochs", 1),
-        loss_aggregation=spec.get("loss_aggregation", "token_mean"), verbose=False,
-        prefix_sharing=spec.get("prefix_sharing", True),
-    )  # fmt: skip
-    data = Dataset.from_dict({"prompt": [f"task {i * 7}" for i in range(spec["items"])]})
-    num_eval = spec.get("eval_items", 0)
-    evals = {}
-    if num_eval:  # evaluated at items 0 and 4 of the epoch, and once more at the end
-        evals = {"eval_dataset": Dataset.from_dict({"prompt": [f"q {i}" for i in range(num_eval)]}),
-                 "eval_logger": eval_logger, "eval_aggregator": eval_aggregator}  # fmt: skip
-        args.eval_interval, args.eval_num_samples, args.eval_batch_size = 4, num_eval, 2
-    trainer = MAGRPOTrainer(
-        agents=agents, reward_func=ratio_reward, train_dataset=data, args=args, **evals
-    )
+    trainer = build(spec, out)
     last = trainer.train(resume_from_checkpoint="latest" if spec.get("resume") else None)
     CALLS["reward"] = 0
+    num_eval = spec.get("eval_items", 0)
     final = trainer.evaluate(num_eval_samples=num_eval) if num_eval else {}
     rank = data_parallel().rank
-    params = {f"agent_{i}.{n}": p.detach() for i, a in enumerate(agents)
-              for n, p in a.model.named_parameters()}  # fmt: skip
+    params = {f"agent_{i}.{n}": p.detach() for i, a in enumerate(trainer.agents)
+              for n, p in a.model.named_parameters() if p.requires_grad}  # fmt: skip
     torch.save(params, out / f"params-rank{rank}.pt")
     state = {"last": last, "env_step": trainer.env_step, "items_seen": trainer.items_seen,
              "world_size": data_parallel().world_size, "eval": final,

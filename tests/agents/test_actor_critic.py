@@ -11,9 +11,10 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer, RolloutSample, chain_gae
+from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.algorithms.actor_critic_rollouts import agent_rollouts
+from cmlrl_agents.learning.credit import chain_credit
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
 from cmlrl_agents.policies.value_head import ValueModel
@@ -76,9 +77,10 @@ STATE_VALUES = [torch.tensor([0.2, 0.3]), torch.tensor([0.4])]
 def test_chain_gae_two_turns_by_hand(lam: float, adv_a1: float, ret_a1: float) -> None:
     tree = chain_tree()
     assert [len(level.states) for level in tree.levels] == [2, 1]
-    adv, ret = chain_gae(tree, STATE_VALUES, discount=0.9, lam=lam)
-    torch.testing.assert_close(adv[0], torch.tensor([[adv_a1], [0.95 - 0.3]]))
-    torch.testing.assert_close(ret[0], torch.tensor([[ret_a1], [0.95]]))
+    adv, ret = chain_credit(tree, STATE_VALUES, discount=0.9, lam=lam)
+    # B ended after turn 1 of 2: terminal, absorbing its reward for the turn it did not play.
+    torch.testing.assert_close(adv[0], torch.tensor([[adv_a1], [0.95 * 1.9 - 0.3]]))
+    torch.testing.assert_close(ret[0], torch.tensor([[ret_a1], [0.95 * 1.9]]))
     # The last turn is terminal: no bootstrap, whatever lambda is.
     torch.testing.assert_close(adv[1], torch.tensor([[0.6]]))
     torch.testing.assert_close(ret[1], torch.tensor([[1.0]]))
@@ -86,7 +88,7 @@ def test_chain_gae_two_turns_by_hand(lam: float, adv_a1: float, ret_a1: float) -
 
 def test_single_turn_generations_are_one_step_chains() -> None:
     tree = chain_tree(num_generations=3, num_turns=1)
-    adv, ret = chain_gae(tree, [torch.tensor([0.2, 0.3])], discount=0.9, lam=0.95)
+    adv, ret = chain_credit(tree, [torch.tensor([0.2, 0.3])], discount=0.9, lam=0.95)
     torch.testing.assert_close(ret[0], torch.tensor([[0.5] * 3, [0.95] * 3]))
     torch.testing.assert_close(adv[0], torch.tensor([[0.3] * 3, [0.65] * 3]))
 
@@ -94,12 +96,12 @@ def test_single_turn_generations_are_one_step_chains() -> None:
 def test_chain_gae_refuses_a_branching_tree() -> None:
     tree = chain_tree(num_generations=2)
     with pytest.raises(ValueError, match="num_generations=1"):
-        chain_gae(tree, [torch.zeros(2), torch.zeros(2)], discount=1.0, lam=1.0)
+        chain_credit(tree, [torch.zeros(2), torch.zeros(2)], discount=1.0, lam=1.0)
 
 
 def test_agent_rollouts_carry_the_documented_fields() -> None:
     tree = chain_tree()
-    adv, ret = chain_gae(tree, STATE_VALUES, discount=0.9, lam=0.0)
+    adv, ret = chain_credit(tree, STATE_VALUES, discount=0.9, lam=0.0)
     samples = agent_rollouts(tree, 1, STATE_VALUES, adv, ret)
     assert [(s.turn, s.prompt, s.completion) for s in samples] == [
         (1, "A", "A"),

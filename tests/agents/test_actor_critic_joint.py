@@ -10,7 +10,6 @@ import torch
 from peft import LoraConfig
 
 from cmlrl_agents import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from cmlrl_agents.algorithms.actor_critic_losses import host_stats
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_agents.runs.rollout import collect_tree
@@ -194,15 +193,6 @@ def test_adapters_with_active_dropout_step_one_by_one(base_folder, tmp_path) -> 
     for agent, old in zip(trainer.agents, before, strict=True):
         new = adapter_state(agent)
         assert any(not torch.equal(new[n], old[n]) for n in old), agent.adapter
-
-
-def test_host_stats_copies_a_steps_sums_and_kls_in_one_piece() -> None:
-    sums = {"policy_loss": torch.tensor(-0.5), "value_loss": torch.tensor(2.25)}
-    kls = [([1, 1], torch.tensor([0.5, 0.25])), ([2, 1], torch.tensor([1.0, 0.125]))]
-    stats, by_turn = host_stats(sums, kls)
-    assert stats == {"policy_loss": -0.5, "value_loss": 2.25}
-    assert by_turn == {1: [0.5, 0.25, 0.125], 2: [1.0]}
-    assert host_stats({}, []) == ({}, {})
 
 
 @pytest.mark.parametrize("field", ["agent_devices", "reference_devices", "critic_devices"])

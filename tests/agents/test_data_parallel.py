@@ -1,9 +1,10 @@
-"""Data parallel training: 2 CPU processes (gloo) under torch.distributed.run against one process.
+"""Data parallel training: 2 CPU processes (gloo) under torch.distributed.run against one process,
+for every family.
 
-The agents are scripted (real tiny models answering scripted texts), so generation is the same
-in every launch; each round of 4 items is split 2 + 2 (``shard_round``) and the forward chunks
-(``forward_batch_size=4`` = 2 items x G = 2) of the one-process run are exactly the ranks' shares,
-so summed gradients make the weights equal bit for bit, not just closely.
+The agents sample (tiny models, real generation): each generated row draws from its own sampling
+key (item, turn, sample), so the ranks sample what one process samples. The ranks end with the
+same weights bit for bit (one all-reduce of the summed gradients, identical steps); against the
+one-process run they are equal up to float rounding (a rank pads and sums other batches).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _launch(out: Path, nproc: int, launcher: str = "torchrun", **spec: object) -
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    arg = json.dumps({"out": str(out), "items": 8, **spec})
+    arg = json.dumps({"out": str(out), "items": spec.pop("items", 8), **spec})
     if nproc == 1:
         cmd = [sys.executable, str(SCRIPT), arg]
     elif launcher == "accelerate":
@@ -73,6 +74,15 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {"single": single, "parallel": parallel, "base": base}
 
 
+def assert_close_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Equal up to float rounding: a rank pads and sums other batches than one process, and
+    AdamW turns a near-zero gradient's rounding into a step of up to its learning rate (1e-2
+    here, the size of a step from another sample)."""
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, atol=5e-4, rtol=0, msg=name)
+
+
 def test_two_ranks_end_with_identical_weights_equal_to_one_process(runs) -> None:
     single, parallel = _params(runs["single"], 0), _params(runs["parallel"], 0)
     other = _params(runs["parallel"], 1)
@@ -80,7 +90,23 @@ def test_two_ranks_end_with_identical_weights_equal_to_one_process(runs) -> None
     assert any(not torch.equal(parallel[f"agent_0.{k}"], v) for k, v in initial.items())
     for name, value in parallel.items():
         assert torch.equal(other[name], value), name  # the ranks agree exactly
-        assert torch.equal(single[name], value), name  # and with the one-process run
+    assert_close_weights(parallel, single)  # and with the one-process run
+
+
+@pytest.mark.parametrize("family", ["iac", "maac", "centralized", "madpo", "marlhf"])
+def test_every_family_trains_data_parallel_like_one_process(tmp_path, family) -> None:
+    single, parallel = tmp_path / "single", tmp_path / "parallel"
+    _launch(single, 1, family=family)
+    _launch(parallel, 2, family=family)
+    ranks = [_params(parallel, r) for r in (0, 1)]
+    for name, value in ranks[0].items():
+        assert torch.equal(ranks[1][name], value), name
+    assert_close_weights(ranks[0], _params(single, 0))
+    one, launch = _state(single, 0), _state(parallel, 0)
+    assert launch["env_step"] == one["env_step"]
+    for key in ("completions/length_mean", "completions/length_max"):  # the same samples
+        if key in one["last"]:
+            assert launch["last"][key] == pytest.approx(one["last"][key], abs=1e-12), key
 
 
 def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs) -> None:
@@ -92,7 +118,7 @@ def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs
         assert state["items_seen"] == 8
         assert state["last"].keys() == one["last"].keys()
         for key, value in one["last"].items():
-            assert state["last"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+            assert state["last"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     run = runs["parallel"] / "run"
     lines = (run / "metrics.jsonl").read_text().splitlines()
     train = [e for e in map(json.loads, lines) if not any(k.startswith("eval/") for k in e)]
@@ -101,6 +127,9 @@ def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs
         "checkpoint-4",
         "checkpoint-8",
     ]
+    # every rank's random state is kept, each restored by its own rank
+    files = sorted(p.name for p in (run / "checkpoints" / "checkpoint-4").glob("rng-*"))
+    assert files == ["rng-rank0.pt", "rng-rank1.pt"]
 
 
 def test_evaluation_is_sharded_over_ranks_and_equals_one_process(runs) -> None:
@@ -111,31 +140,32 @@ def test_evaluation_is_sharded_over_ranks_and_equals_one_process(runs) -> None:
     assert one["eval_reward_calls"] == 5
     assert [s["eval_reward_calls"] for s in ranks] == [3, 2]
     assert one["eval"]["eval/rows"] == 5.0 and "eval/turn_1/reward_mean" in one["eval"]
-    for state in ranks:
-        assert state["eval"] == one["eval"]  # the same numbers, bit for bit
+    assert ranks[0]["eval"] == ranks[1]["eval"]
+    for key, value in one["eval"].items():
+        assert ranks[0]["eval"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
 
     def eval_lines(out: Path) -> list[dict]:
         lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
         return [e for e in map(json.loads, lines) if any(k.startswith("eval/") for k in e)]
 
     # The evaluations during training too (items 0 and 4), logged once, by rank 0.
-    logged = eval_lines(runs["parallel"])
-    assert len(logged) == 3 and logged == eval_lines(runs["single"])
+    logged, alone = eval_lines(runs["parallel"]), eval_lines(runs["single"])
+    assert len(logged) == 3 and [e["env_step"] for e in logged] == [e["env_step"] for e in alone]
 
 
 def test_accelerate_launch_trains_like_torchrun_and_one_process(runs) -> None:
     """``accelerate launch --multi_gpu --num_processes 2`` on CPU: 2 gloo ranks, the same
-    weights on both, equal to the one-process run, and the evaluation sharded 3 + 2."""
+    weights on both (torchrun's, exactly), close to the one-process run, the evaluation
+    sharded 3 + 2."""
     out = runs["base"] / "accelerate"
     _launch(out, 2, launcher="accelerate", eval_items=5)
-    single = _params(runs["single"], 0)
+    torchrun = _params(runs["parallel"], 0)
     ranks = [_params(out, r) for r in (0, 1)]
-    for name, value in single.items():
+    for name, value in torchrun.items():
         assert torch.equal(ranks[0][name], value) and torch.equal(ranks[1][name], value), name
     states = [_state(out, r) for r in (0, 1)]
     assert [s["world_size"] for s in states] == [2, 2]
     assert [s["eval_reward_calls"] for s in states] == [3, 2]
-    assert all(s["eval"] == _state(runs["single"], 0)["eval"] for s in states)
 
 
 def test_resume_under_torchrun_restores_every_rank(runs) -> None:
@@ -144,7 +174,7 @@ def test_resume_under_torchrun_restores_every_rank(runs) -> None:
         runs["parallel"] / "run" / "checkpoints" / "checkpoint-4",
         resumed / "run" / "checkpoints" / "checkpoint-4",
     )
-    _launch(resumed, 2, resume=True)
+    _launch(resumed, 2, resume=True, eval_items=5)
     straight = _params(runs["parallel"], 0)
     for rank in (0, 1):
         assert _state(resumed, rank)["items_seen"] == 8
@@ -191,12 +221,3 @@ def test_bad_launcher_variables_are_refused_with_the_fix(monkeypatch) -> None:
             distributed.data_parallel()
     finally:
         distributed.data_parallel.cache_clear()
-
-
-def test_trainers_without_support_refuse_a_multi_process_launch(monkeypatch) -> None:
-    from cmlrl_agents import IACConfig, IACTrainer
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    # Refused before any model is loaded (the name is never looked up).
-    with pytest.raises(ValueError, match="IACTrainer does not support data parallel"):
-        IACTrainer(agent_model="unused", args=IACConfig(use_separate_critic=False))

@@ -10,10 +10,10 @@ import torch
 from datasets import Dataset
 
 from cmlrl_agents import MAGRPOTrainer
-from cmlrl_agents.algorithms.magrpo import agent_samples
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
 from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.functional.returns import tree_returns
+from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
 from cmlrl_agents.policies import model_setup
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
@@ -54,11 +54,11 @@ def test_an_answer_that_reaches_the_target_gets_the_largest_advantage():
         sampling=SAMPLING,
     )
     assert [o.terminated for o in tree.levels[0].outcomes[0]] == [True, False, False, False]
-    turn1, _ = tree.returns(1.0)
+    turn1, _ = joint_returns(tree, 1.0)
     # Before the fix: [1.0, 1.25, 0.95, 0.75] (the 0.5 answer ranked first). Now the answer
     # that ended its branch keeps its reward for the turn it did not play: 1.0 + 1.0.
     torch.testing.assert_close(turn1, torch.tensor([[2.0, 1.25, 0.95, 0.75]]))
-    samples = agent_samples(tree, 0, tree.agent_returns(tree.returns(1.0)), "mean", True)
+    samples = agent_rows(tree, 0, agent_returns(tree, joint_returns(tree, 1.0)), "mean", True)
     first = [s.advantage for s in samples if s.turn == 1]
     # R - mean(R) = [0.7625, 0.0125, -0.2875, -0.4875]; std_pop = sqrt(0.22546875)
     std = 0.22546875**0.5

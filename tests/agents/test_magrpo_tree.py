@@ -6,13 +6,13 @@ import pytest
 import torch
 from datasets import Dataset
 
-from cmlrl_agents.algorithms.magrpo import agent_samples
 from cmlrl_agents.algorithms.magrpo_config import (
     MAGRPOConfig,
     MAREINFORCEConfig,
     MAReMaxConfig,
     MARLOOConfig,
 )
+from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
 from cmlrl_agents.runs.rollout import collect_tree, joint_indices
@@ -64,14 +64,14 @@ def test_two_turn_aligned_tree_returns_by_hand():
     assert agents[0].calls[1] == (["0", "1"], 2)
     # R(turn 2) = r; R(turn 1) = r + discount * mean(children):
     # discount 1: 0.5 + (1.0 + 0.4)/2 = 1.2 and 0.1 + (0.2 + 0.0)/2 = 0.2
-    level1, level2 = tree.returns(1.0)
+    level1, level2 = joint_returns(tree, 1.0)
     torch.testing.assert_close(level1, torch.tensor([[1.2, 0.2]]))
     torch.testing.assert_close(level2, torch.tensor([[1.0, 0.4], [0.2, 0.0]]))
     # discount 0.5: 0.5 + 0.5 * 0.7 = 0.85 and 0.1 + 0.5 * 0.1 = 0.15
-    torch.testing.assert_close(tree.returns(0.5)[0], torch.tensor([[0.85, 0.15]]))
+    torch.testing.assert_close(joint_returns(tree, 0.5)[0], torch.tensor([[0.85, 0.15]]))
 
     # GRPO advantages: (R - mean) / (std + 1e-6) within each sibling group.
-    samples = agent_samples(tree, 0, tree.agent_returns(tree.returns(1.0)), "mean", True)
+    samples = agent_rows(tree, 0, agent_returns(tree, joint_returns(tree, 1.0)), "mean", True)
     got = [round(s.advantage, 4) for s in samples]
     assert got == [1.0, -1.0, 1.0, -1.0, 1.0, -1.0]
     assert [s.turn for s in samples] == [1, 1, 2, 2, 2, 2]
@@ -97,13 +97,13 @@ def test_three_turn_tree_with_early_termination_by_hand():
     assert [o.terminated for o in outcomes] == [True, False]
     # An ended branch keeps its reward for each unplayed turn: "0" 1.0 * 3, "1/1" 0.95 * 2.
     # discount 1: turn 2 "1/0": 0.5 + (0.2 + 0.4)/2 = 0.8; turn 1 "1": 0.3 + (0.8 + 1.9)/2
-    r1, r2, r3 = tree.returns(1.0)
+    r1, r2, r3 = joint_returns(tree, 1.0)
     torch.testing.assert_close(r3, torch.tensor([[0.2, 0.4]]))
     torch.testing.assert_close(r2, torch.tensor([[0.8, 1.9]]))
     torch.testing.assert_close(r1, torch.tensor([[3.0, 1.65]]))
     # discount 0.5: "1/1": 0.95 * 1.5 = 1.425; "1/0": 0.5 + 0.5 * 0.3 = 0.65;
     # "1": 0.3 + 0.5 * (0.65 + 1.425)/2 = 0.81875; "0": 1.0 * (1 + 0.5 + 0.25) = 1.75
-    r1, r2, _ = tree.returns(0.5)
+    r1, r2, _ = joint_returns(tree, 0.5)
     torch.testing.assert_close(r2, torch.tensor([[0.65, 1.425]]))
     torch.testing.assert_close(r1, torch.tensor([[1.75, 0.81875]]))
 
@@ -127,7 +127,7 @@ def test_cross_mode_credits_the_mean_over_joint_actions():
     )
     assert calls == [4] and tree.env_steps == 4
     assert tree.levels[0].joints == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    credit = tree.agent_returns(tree.returns(1.0))[0]
+    credit = agent_returns(tree, joint_returns(tree, 1.0))[0]
     # agent 0, sample 0 took part in (0,0) and (0,1): (1.0 + 0.0)/2; sample 1: (0.5 + 0.3)/2
     # agent 1, sample 0 took part in (0,0) and (1,0): (1.0 + 0.5)/2; sample 1: (0.0 + 0.3)/2
     torch.testing.assert_close(credit, torch.tensor([[[0.5, 0.4], [0.75, 0.15]]]))
@@ -161,9 +161,11 @@ def test_one_turn_tree_equals_flat():
         )
         for t in (flat, ended)
     ]
-    torch.testing.assert_close(trees[0].returns(0.9)[0], trees[0].levels[0].rewards)
-    torch.testing.assert_close(trees[1].returns(0.9)[0], 1.9 * trees[1].levels[0].rewards)
-    samples = [agent_samples(t, 1, t.agent_returns(t.returns(0.9)), "rloo", True) for t in trees]
+    torch.testing.assert_close(joint_returns(trees[0], 0.9)[0], trees[0].levels[0].rewards)
+    torch.testing.assert_close(joint_returns(trees[1], 0.9)[0], 1.9 * trees[1].levels[0].rewards)
+    samples = [
+        agent_rows(t, 1, agent_returns(t, joint_returns(t, 0.9)), "rloo", True) for t in trees
+    ]
     assert [s.item_slot for s in samples[0]] == [s.item_slot for s in samples[1]]
     torch.testing.assert_close(
         torch.tensor([s.advantage for s in samples[1]]),
@@ -177,10 +179,10 @@ def test_reinforce_family_advantages_differ_on_the_same_rewards():
     tree = collect_tree(
         task, [path_policy(), path_policy()], [ITEM], num_generations=4, sampling=SAMPLING
     )
-    returns = tree.agent_returns(tree.returns(1.0))
+    returns = agent_returns(tree, joint_returns(tree, 1.0))
     advantages = {}
     for config in (MAGRPOConfig(), MAREINFORCEConfig(), MAReMaxConfig(), MARLOOConfig()):
-        samples = agent_samples(
+        samples = agent_rows(
             tree, 0, returns, config.advantage_mode, config.advantage_normalization
         )
         advantages[type(config).__name__] = [round(s.advantage, 4) for s in samples]

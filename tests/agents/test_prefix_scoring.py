@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
-from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner, Sample
+from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
+from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.prefix_scoring import (
     generate_inputs,
@@ -187,14 +188,14 @@ def _learner_step(prefix_sharing: bool) -> dict[str, torch.Tensor]:
     args = MAGRPOConfig(
         num_agents=1, prefix_sharing=prefix_sharing, forward_batch_size=None, output_dir=None
     )
-    learner = PolicyGradientLearner([agent], args)
+    learner = PolicyGradientLearner([agent], args, num_turns=1)
     prompt = tuple(agent.encode_prompts(["Describe a city."])[0])
-    samples = [
-        Sample(item_slot=0, turn=1, prompt_ids=prompt, completion_ids=(40 + g, 50, 2)[: g + 1],
-               advantage=float(g) - 1.5)
+    rows = [
+        PolicyRow(agent=0, item_slot=0, turn=1, prompt_ids=prompt,
+                  completion_ids=(40 + g, 50, 2)[: g + 1], advantage=float(g) - 1.5)
         for g in range(4)
     ]  # fmt: skip
-    learner.step(0, samples)
+    learner.update(TrainBatch(tuple(rows), num_items=1))
     return {n: p.detach().clone() for n, p in agent.model.named_parameters()}
 
 

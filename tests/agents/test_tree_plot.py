@@ -22,9 +22,9 @@ from cmlrl_agents import (
     save_rollout_tree,
     write_tree_html,
 )
-from cmlrl_agents.algorithms.magrpo import agent_samples
 from cmlrl_agents.cli.commands import main
 from cmlrl_agents.functional.losses import policy_gradient_loss
+from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.runs import tree_plot as tree_plot_module
@@ -116,10 +116,10 @@ def test_view_advantages_are_the_ones_the_trainer_trains_on(joint_mode, mode, no
         joint_mode=joint_mode,
     )  # fmt: skip
     view = rollout_tree_view(tree, advantage_mode=mode, advantage_normalization=normalize)
-    returns = tree.agent_returns(tree.returns(1.0))
+    returns = agent_returns(tree, joint_returns(tree, 1.0))
     for a in range(2):
         trained = {
-            s.completion_ids: s.advantage for s in agent_samples(tree, a, returns, mode, normalize)
+            s.completion_ids: s.advantage for s in agent_rows(tree, a, returns, mode, normalize)
         }
         for node in view.nodes:
             ids = tuple(ord(c) for c in node.completions[a])

@@ -1,0 +1,232 @@
+"""The learning core's maths, each against a hand computation: the step engine, scoring at
+the sampling temperature, the KL per token, the ratio on stale rows, truncated importance
+weights, and early termination in the actor-critics' GAE."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from test_actor_critic import chain_tree
+from test_magrpo_trainer import make_trainer, record_step_gradients
+from torch import nn
+
+from cmlrl_agents.functional.losses import (
+    aggregate,
+    policy_gradient_loss,
+    policy_token_losses,
+    ratio_stats,
+    truncated_is_weights,
+)
+from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
+from cmlrl_agents.learning.credit import chain_credit, joint_returns
+from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.runs.distributed import DataParallel
+from cmlrl_agents.testing import tiny_agent
+
+LN2 = math.log(2.0)
+F64 = torch.float64
+LOGP = [[-1.0, -2.0, -3.0], [-0.5, -1.5, 9.0]]
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
+ADV = torch.tensor([2.0, -1.0], dtype=F64)
+
+
+# -- the engine ---------------------------------------------------------------------------------
+def _linear_plan(model: nn.Linear, optimizer: torch.optim.Optimizer, chunks, xs, ys) -> StepPlan:
+    def loss(chunk, totals):
+        err = ((model(xs[chunk]).squeeze(-1) - ys[chunk]) ** 2).sum() / totals["samples"]
+        return ChunkLoss(err, {"loss": err.detach()}, {"err_max": err.detach()})
+
+    return StepPlan(
+        optimizers={"m": optimizer},
+        chunks=chunks,
+        count=lambda chunk: {"samples": float(len(chunk))},
+        loss=loss,
+        count_keys=["samples"],
+        sum_keys=["loss"],
+        max_keys=["err_max"],
+    )
+
+
+def test_the_engine_normalises_by_the_steps_totals_so_chunks_change_nothing() -> None:
+    xs, ys = torch.arange(10.0).reshape(5, 2), torch.tensor([1.0, -1.0, 0.5, 2.0, 0.0])
+    results = []
+    for chunks in ([[0, 1, 2, 3, 4]], [[0, 1], [2, 3], [4]], [[0], [1], [2], [3], [4]]):
+        torch.manual_seed(0)
+        model = nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        full = ((model(xs).squeeze(-1) - ys) ** 2).mean().item()
+        result = StepEngine(DataParallel()).step(
+            _linear_plan(model, optimizer, chunks, xs, ys), max_grad_norm=None
+        )
+        assert result.totals == {"samples": 5.0}
+        assert result.stats["loss"] == pytest.approx(full)  # the mean over the step's samples
+        results.append((result.stats["m/grad_norm"], model.weight.detach().clone()))
+    for norm, weight in results[1:]:
+        assert norm == pytest.approx(results[0][0])
+        torch.testing.assert_close(weight, results[0][1])
+
+
+def test_the_engine_clips_to_max_grad_norm_and_reports_the_norm_before_clipping() -> None:
+    xs, ys = torch.ones(2, 2) * 10, torch.zeros(2)
+    model = nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        model.bias.fill_(0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    result = StepEngine(DataParallel()).step(
+        _linear_plan(model, optimizer, [[0, 1]], xs, ys), max_grad_norm=1.0
+    )
+    # d/dw mean((w.x)^2) = 2 * 20 * 10 per weight, d/db = 2 * 20: norm sqrt(2 * 400^2 + 40^2)
+    expected = math.sqrt(2 * 400.0**2 + 40.0**2)
+    assert result.stats["m/grad_norm"] == pytest.approx(expected)
+    moved = torch.cat([model.weight.detach().reshape(-1) - 1.0, model.bias.detach()])
+    assert moved.norm().item() == pytest.approx(1.0, rel=1e-5)  # the clipped step, lr 1
+
+
+def test_the_engine_refuses_a_non_finite_step_before_any_weight_moves() -> None:
+    model = nn.Linear(2, 1)
+    before = copy.deepcopy(model.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    xs, ys = torch.tensor([[1.0, float("nan")]]), torch.zeros(1)
+    with pytest.raises(FloatingPointError, match="m's gradient norm is nan"):
+        StepEngine(DataParallel()).step(
+            _linear_plan(model, optimizer, [[0]], xs, ys), max_grad_norm=1.0
+        )
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+
+
+def test_the_engine_refuses_statistics_the_plan_did_not_declare() -> None:
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    plan = _linear_plan(model, optimizer, [[0]], torch.ones(1, 2), torch.zeros(1))
+    undeclared = StepPlan(**{**plan.__dict__, "sum_keys": []})
+    with pytest.raises(KeyError, match="'loss' is not in the plan's sum_keys"):
+        StepEngine(DataParallel()).step(undeclared, max_grad_norm=None)
+
+
+# -- the policy objective -----------------------------------------------------------------------
+def test_kl_is_added_per_token_under_token_mean() -> None:
+    # one token (row 0, position 1) has d = ref - logp = ln 2: k3 = 2 - ln 2 - 1 = 1 - ln 2
+    logp = torch.tensor(LOGP, dtype=F64)
+    ref = logp.clone()
+    ref[0, 1] += LN2
+    loss = policy_gradient_loss(logp, MASK, ADV, "token_mean", ref_logprobs=ref, kl_coef=0.5)
+    # policy terms 2, 4, 6 and -0.5, -1.5 sum to 10; the KL adds 0.5 (1 - ln 2); 5 tokens
+    assert loss.item() == pytest.approx((10 + 0.5 * (1 - LN2)) / 5)
+    seq = policy_gradient_loss(logp, MASK, ADV, "sequence_sum", ref_logprobs=ref, kl_coef=0.5)
+    assert seq.item() == pytest.approx((10 + 0.5 * (1 - LN2)) / 2)
+
+
+def test_truncated_importance_weights_multiply_the_policy_term() -> None:
+    logp = torch.tensor(LOGP, dtype=F64)
+    sampler = logp.clone()
+    sampler[0, 0] -= LN2  # the sampler found token (0, 0) half as likely: weight 2, capped 1.5
+    sampler[1, 1] += LN2  # twice as likely: weight 0.5
+    w = truncated_is_weights(logp, sampler, MASK, cap=1.5)
+    torch.testing.assert_close(w, torch.tensor([[1.5, 1.0, 1.0], [1.0, 0.5, 1.0]], dtype=F64))
+    per_token = policy_token_losses(logp, MASK, ADV, is_weights=w)
+    torch.testing.assert_close(
+        per_token, torch.tensor([[3.0, 4.0, 6.0], [-0.5, -0.75, 0.0]], dtype=F64)
+    )
+    assert aggregate(per_token, MASK, "sequence_sum").item() == pytest.approx((13 - 1.25) / 2)
+
+
+def test_ratio_stats_hand() -> None:
+    logp = torch.tensor([[0.0, LN2, -LN2]], dtype=F64)  # ratios 1, 2, 0.5 against old 0
+    stats = ratio_stats(logp, torch.zeros_like(logp), torch.ones(1, 3).bool(), clip_range=0.2)
+    assert stats["ratio_sum"].item() == pytest.approx(3.5)
+    assert stats["ratio_max"].item() == pytest.approx(2.0)
+    assert stats["clipped"].item() == 2
+    # (r - 1) - log r: 0, 1 - ln 2, -0.5 + ln 2
+    assert stats["approx_kl_sum"].item() == pytest.approx(0.5)
+
+
+def test_log_probs_are_scored_at_the_temperature_one_or_per_row() -> None:
+    agent = tiny_agent(seed=1)
+    batch = build_batch([[1, 5, 9], [2, 3]], [[10, 11], [12, 13, 14]], 0)
+    logits = agent.model(input_ids=batch.input_ids).logits
+    for temps in (0.5, torch.tensor([0.5, 2.0])):
+        got = sequence_logprobs(agent.model, batch, temperature=temps)
+        t = temps if isinstance(temps, float) else temps.view(-1, 1, 1)
+        manual = (logits[:, :-1] / t).log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])
+        expected = torch.cat([torch.zeros(2, 1), manual[..., 0]], dim=1)
+        expected = torch.where(batch.completion_mask.bool(), expected, 0.0)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_step_adds_the_kl_per_token_of_the_agent_at_its_temperature(tmp_path) -> None:
+    trainer = make_trainer(
+        tmp_path, num_agents=1, reference_kl_enabled=True, reference_kl_coef=0.5,
+        loss_aggregation="token_mean", temperature=0.8,
+    )  # fmt: skip
+    model = trainer.agents[0].model
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        next(model.parameters()).add_(0.05)
+    rows = [
+        PolicyRow(agent=0, item_slot=0, turn=1, prompt_ids=(1, 5, 9), completion_ids=(10, 11, 12),
+                  advantage=0.0),
+        PolicyRow(agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(13,),
+                  advantage=0.0),
+    ]  # fmt: skip
+    batch = build_batch([r.prompt_ids for r in rows], [r.completion_ids for r in rows], 0)
+    with torch.no_grad():
+        lp = sequence_logprobs(model, batch, temperature=0.8)
+        ref = sequence_logprobs(reference, batch, temperature=0.8)
+    d = torch.where(batch.completion_mask.bool(), ref - lp, 0.0)
+    k3 = torch.exp(d) - d - 1
+    metrics = trainer.learner.update(TrainBatch(tuple(rows), num_items=2))
+    # advantage 0: the loss is the KL term alone, a mean over the step's 4 completion tokens
+    assert metrics["agent_0/loss"] == pytest.approx(0.5 * k3.sum().item() / 4, rel=1e-5)
+    assert metrics["turn_1/reference_kl_mean"] == pytest.approx(k3.sum().item() / 2, rel=1e-5)
+
+
+def test_later_steps_of_a_round_use_the_clipped_ratio_to_the_rows_before_the_round(tmp_path):
+    trainer = make_trainer(
+        tmp_path, num_agents=1, rollout_buffer_size=2, train_batch_size=1,
+        agent_learning_rate=0.05, max_grad_norm=None, ppo_clip_range=0.1,
+    )  # fmt: skip
+    model = trainer.agents[0].model
+    before = copy.deepcopy(model)
+    rows = (
+        PolicyRow(agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11),
+                  advantage=1.0),
+        PolicyRow(agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13),
+                  advantage=-1.0),
+    )  # fmt: skip
+    grads = record_step_gradients(trainer.learner.optimizers[0])
+    metrics = trainer.learner.update(TrainBatch(rows, num_items=2))
+    n = len(list(model.parameters()))
+    second = grads[n:]  # the second step's gradients (item 1), taken after the first step
+    # The second step's loss by hand: PPO's clipped surrogate against item 1's log-probs
+    # under the weights before the round, at the sampling temperature 0.6.
+    after_first = copy.deepcopy(before)
+    opt = torch.optim.AdamW(after_first.parameters(), lr=0.05, weight_decay=0.0)
+    for p, g in zip(after_first.parameters(), grads[:n], strict=True):
+        p.grad = g.clone()
+    opt.step()
+    batch = build_batch([rows[1].prompt_ids], [rows[1].completion_ids], 0)
+    with torch.no_grad():
+        old = sequence_logprobs(before, batch, temperature=0.6)
+    lp = sequence_logprobs(after_first, batch, temperature=0.6)
+    ratio = torch.exp(lp - old)[batch.completion_mask.bool()]
+    loss = -torch.minimum(ratio * -1.0, ratio.clamp(0.9, 1.1) * -1.0).sum()
+    after_first.zero_grad()
+    loss.backward()
+    for got, p in zip(second, after_first.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-4)
+    assert metrics["agent_0/ratio_mean"] != 1.0 and "agent_0/clipfrac" in metrics
+
+
+def test_an_early_ended_chain_keeps_its_reward_for_its_unplayed_turns_in_gae() -> None:
+    tree = chain_tree()  # item B ends at turn 1 of 2 with reward 0.95
+    zero = [torch.zeros(len(level.states)) for level in tree.levels]
+    _, ret = chain_credit(tree, zero, discount=0.9, lam=1.0)
+    assert ret[0][1, 0].item() == pytest.approx(0.95 * (1 + 0.9))  # absorbing: 0.95 twice
+    # the same value the MAGRPO family's tree return gives it
+    assert joint_returns(tree, 0.9)[0][1, 0].item() == pytest.approx(0.95 * 1.9)

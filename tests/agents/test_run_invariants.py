@@ -1,0 +1,191 @@
+"""What a run must not depend on, and what it records: evaluation changes no weight, a seed
+makes a run (LoRA adapters and value heads included) bit-identical, rounds are never cut at
+eval points, the config a run uses is what config.json says, and the best model is kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from test_magrpo_trainer import make_trainer
+
+from cmlrl_agents import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.runs.checkpoint_load import CheckpointError
+from cmlrl_agents.testing import tiny_agent
+from cmlrl_env import tasks
+
+LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+
+
+def weights(trainer) -> dict[str, torch.Tensor]:
+    return {
+        f"{i}.{name}": p.detach().clone()
+        for i, agent in enumerate(trainer.agents)
+        for name, p in agent.model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_evaluation_changes_no_weight(tmp_path) -> None:
+    runs = []
+    for interval in (0, 2, 3):
+        trainer = make_trainer(
+            tmp_path / str(interval), eval_interval=interval, seed=7, num_train_epochs=2
+        )
+        trainer.train()
+        runs.append(weights(trainer))
+    assert_identical(runs[0], runs[1])
+    assert_identical(runs[0], runs[2])
+
+
+def test_rounds_are_never_cut_at_eval_points_and_eval_runs_at_the_next_boundary(tmp_path):
+    trainer = make_trainer(tmp_path, rollout_buffer_size=3, eval_interval=4, seed=0)
+    sizes, evals = [], []
+    update = trainer.learner.update
+    trainer.learner.update = lambda batch: sizes.append(batch.num_items) or update(batch)
+    evaluate = trainer.evaluate_items
+    trainer.evaluate_items = lambda n: evals.append(trainer.epoch_position) or evaluate(n)
+    trainer.train()
+    assert sizes == [3, 3, 2]  # 8 items in rounds of 3; the eval points 0 and 4 cut nothing
+    assert evals == [0, 6]  # eval point 4 is served at the first boundary after it, 6
+
+
+def _lora_trainer(tmp_path, base_folder, seed: int) -> MAGRPOTrainer:
+    train, _ = tasks.length_ratio_splits()
+    args = MAGRPOConfig(
+        num_agents=2, rollout_buffer_size=4, num_generations=2, max_new_tokens=4,
+        eval_interval=0, seed=seed, output_dir=str(tmp_path / f"lora-{seed}"),
+        overwrite_output_dir=True,
+    )  # fmt: skip
+    return MAGRPOTrainer(
+        agent_model=str(base_folder), peft_config=LORA, reward_func=tasks.length_ratio_reward,
+        formatters=[tasks.brief_formatter, tasks.detailed_formatter], train_dataset=train,
+        args=args,
+    )  # fmt: skip
+
+
+def test_a_seed_makes_lora_runs_bit_identical_from_their_first_weights(tmp_path, base_folder):
+    first, second = _lora_trainer(tmp_path, base_folder, 3), _lora_trainer(tmp_path, base_folder, 3)
+    # peft draws lora_A at random: the seed is applied before the adapters are built
+    assert_identical(weights(first), weights(second))
+    assert any("lora_A" in name for name in weights(first))
+    first.train()
+    second.train()
+    assert_identical(weights(first), weights(second))
+    other = _lora_trainer(tmp_path, base_folder, 4)
+    assert any(not torch.equal(v, weights(first)[k]) for k, v in weights(other).items())
+
+
+def test_a_seed_makes_value_heads_identical_and_none_leaves_them_random(tmp_path):
+    def heads(seed):
+        train, _ = tasks.length_ratio_splits()
+        args = IACConfig(
+            num_agents=2, use_separate_critic=False, eval_interval=0, seed=seed,
+            output_dir=str(tmp_path / f"iac-{seed}"),
+        )  # fmt: skip
+        trainer = IACTrainer(
+            agents=[tiny_agent(seed=0), tiny_agent(seed=1)], reward_func=tasks.length_ratio_reward,
+            formatters=[tasks.brief_formatter, tasks.detailed_formatter], train_dataset=train,
+            args=args,
+        )  # fmt: skip
+        return [c.head.state_dict() for c in trainer.critics]
+
+    one, two = heads(5), heads(5)
+    for a, b in zip(one, two, strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key])
+    other = heads(6)
+    assert not torch.equal(one[0]["net.weight"], other[0]["net.weight"])
+
+
+def test_config_json_records_what_the_run_uses(tmp_path) -> None:
+    trainer = make_trainer(tmp_path, eval_interval=0, agent_learning_rate=1e-3)
+    trainer.args.agent_learning_rate = 5e-4
+    trainer.train()
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["agent_learning_rate"] == 5e-4
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 5e-4
+
+
+def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(tmp_path) -> None:
+    trainer = make_trainer(tmp_path, eval_interval=0, save_steps=4, save_only_model=True)
+    trainer.train()
+    folder = tmp_path / "run" / "checkpoints" / "checkpoint-8"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["model-agent_0.safetensors", "model-agent_1.safetensors",
+                     "trainer_state.json"]  # fmt: skip
+    again = make_trainer(tmp_path, eval_interval=0, save_steps=4, save_only_model=True)
+    with pytest.raises(CheckpointError, match="save_only_model=True: it holds the weights alone"):
+        again.train(resume_from_checkpoint="latest")
+
+
+def test_the_best_model_is_kept_and_loaded_at_the_end(tmp_path) -> None:
+    trainer = make_trainer(
+        tmp_path, eval_interval=2, num_train_epochs=2, seed=1,
+        save_best_by="eval/turn_1/reward_mean", load_best_model_at_end=True,
+    )  # fmt: skip
+    seen = []
+    evaluate = trainer.evaluate_items
+
+    def record(n):
+        metrics = evaluate(n)
+        seen.append((metrics["eval/turn_1/reward_mean"], weights(trainer)))
+        return metrics
+
+    trainer.evaluate_items = record
+    trainer.train()
+    best_value, best_weights = max(seen, key=lambda pair: pair[0])  # the first of equal maxima
+    assert trainer.best_metric == best_value
+    assert_identical(weights(trainer), best_weights)
+    assert (tmp_path / "run" / "best").is_dir()
+
+
+def test_save_best_by_is_checked_when_the_config_is_built() -> None:
+    with pytest.raises(ValueError, match="save_best_by must be an evaluation metric"):
+        MAGRPOConfig(save_best_by="loss")
+    with pytest.raises(ValueError, match="needs evaluations during training"):
+        MAGRPOConfig(save_best_by="eval/turn_1/reward_mean", eval_interval=0)
+    with pytest.raises(ValueError, match="load_best_model_at_end=True needs save_best_by"):
+        MAGRPOConfig(load_best_model_at_end=True)
+
+
+def test_a_round_logs_the_diagnostics(tmp_path) -> None:
+    trainer = make_trainer(
+        tmp_path, eval_interval=0, rollout_buffer_size=4, train_batch_size=2, max_new_tokens=5
+    )
+    metrics = trainer.train()
+    for key in (
+        "completions/length_mean",
+        "completions/length_min",
+        "completions/length_max",
+        "completions/clipped_fraction",
+        "groups/zero_spread_fraction",
+        "agent_0/entropy",
+        "agent_0/grad_norm",
+        "agent_1/ratio_mean",
+        "agent_1/ratio_max",
+        "agent_1/clipfrac",
+        "agent_1/approx_kl",
+    ):
+        assert key in metrics, key
+    assert 1 <= metrics["completions/length_min"] <= metrics["completions/length_max"] <= 5
+    assert metrics["agent_0/entropy"] > 0
+
+
+def test_adamw_weight_decay_is_the_configs() -> None:
+    data = Dataset.from_dict({"prompt": ["a"]})
+    trainer = MAGRPOTrainer(
+        agents=[tiny_agent()], reward_func=lambda c: [0.0] * len(c), train_dataset=data,
+        args=MAGRPOConfig(weight_decay=0.05, output_dir=None, eval_interval=0),
+    )  # fmt: skip
+    assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.05
+    assert MAGRPOConfig().weight_decay == 0.0
