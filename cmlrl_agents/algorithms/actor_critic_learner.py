@@ -262,7 +262,8 @@ class ActorCriticLearner(OptimizedLearner):
             )
             for name, values in stats.items():
                 for key, value in values.items():
-                    per_step[f"{name}/{key}"].append(value)
+                    # The actor-critics' name for the policy term (their value loss is apart).
+                    per_step[f"{name}/{'policy_loss' if key == 'loss' else key}"].append(value)
 
     def _critic_steps(
         self, batch: ActorCriticBatch, chosen: set[int], per_step: dict[str, list[float]]

@@ -199,6 +199,26 @@ def prefix_shared_scores(
     _check_vocab(model, batch.input_ids, batch.max_token)
     device = batch.input_ids.device
     temps = row_temperatures(temperature, len(groups.group), device)
+    out, ent_out = _shared_scores(model, batch, groups, chunk, temps, entropy)
+    # where(), not multiply: whatever sits off the mask must not leak in as NaN.
+    mask = batch.completion_mask.bool()
+    return TokenScores(
+        torch.where(mask, out, torch.zeros_like(out)),
+        None if ent_out is None else torch.where(mask, ent_out, torch.zeros_like(ent_out)),
+    )
+
+
+def _shared_scores(
+    model: nn.Module,
+    batch: TokenBatch,
+    groups: PromptGroups,
+    chunk: int | None,
+    temps: Tensor | None,
+    entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """``[B, L]`` log-probs (and entropies) of the completions: the first token of each from
+    its prompt's pass, the rest from one pass over the gathered prompt cache."""
+    device = batch.input_ids.device
     ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id
     first_logits, cache = _forward(
         model, 1, _names(groups.names), input_ids=ids, attention_mask=attn,
@@ -230,12 +250,7 @@ def prefix_shared_scores(
         out[where] = rest[valid]
         if ent_out is not None and rest_ent is not None:
             ent_out[where] = rest_ent[valid]
-    # where(), not multiply: whatever sits off the mask must not leak in as NaN.
-    mask = batch.completion_mask.bool()
-    return TokenScores(
-        torch.where(mask, out, torch.zeros_like(out)),
-        None if ent_out is None else torch.where(mask, ent_out, torch.zeros_like(ent_out)),
-    )
+    return out, ent_out
 
 
 def _continuation_logprobs(

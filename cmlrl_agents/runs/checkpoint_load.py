@@ -92,6 +92,8 @@ def load_checkpoint(
     manifest = read_checkpoint(path)
     if check is not None:
         check(manifest["trainer_state"])
+    if not weights_only:
+        _check_resumable(path, manifest, world_size)
     optimizers, schedulers = dict(optimizers or {}), dict(schedulers or {})
     parts = [("models", models, manifest["models"])]
     if not weights_only:
@@ -111,7 +113,7 @@ def load_checkpoint(
     for name, optimizer in optimizers.items():
         _check_optimizer_state(optimizer, optim_states[name], path / f"optim-{name}.pt")
     sched_states = {n: _torch_load(path / f"sched-{n}.pt") for n in schedulers}
-    rng = None if weights_only else _rank_rng(path, manifest, rank, world_size)
+    rng = None if weights_only else _torch_load(path / f"rng-rank{rank}.pt")
     # Nothing below can fail on the checkpoint's account.
     for name, model in models.items():
         _load_model(model, path / f"model-{name}.safetensors", name)
@@ -125,7 +127,7 @@ def load_checkpoint(
     return manifest["trainer_state"]
 
 
-def _rank_rng(path: Path, manifest: Mapping[str, Any], rank: int, world_size: int) -> Any:
+def _check_resumable(path: Path, manifest: Mapping[str, Any], world_size: int) -> None:
     if manifest.get("weights_only"):
         raise CheckpointError(
             f"{path.name} was saved with save_only_model=True: it holds the weights alone (no "
@@ -138,7 +140,6 @@ def _rank_rng(path: Path, manifest: Mapping[str, Any], rank: int, world_size: in
             f"has {world_size}: each process resumes its own random streams, so resume it with "
             f"{manifest['ranks']} process(es)."
         )
-    return _torch_load(path / f"rng-rank{rank}.pt")
 
 
 def _sha256(path: Path) -> str:

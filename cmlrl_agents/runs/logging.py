@@ -106,9 +106,7 @@ class MetricsLogger:
         self.logging_steps = logging_steps
         self._wandb_cfg = None if wandb_config is None else check_wandb_config(wandb_config)
         sections = self._wandb_cfg["config_sections"] if self._wandb_cfg else {}
-        self.config: dict[str, Any] = redact_secrets(
-            merge_config(jsonable(dict(run_config or {})), jsonable(dict(sections)))
-        )
+        self.config: dict[str, Any] = self._merged_config(run_config or {})
         self.verbose = resolve_verbose(verbose, sections)
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.history: list[tuple[int, dict[str, float]]] = []
@@ -127,10 +125,15 @@ class MetricsLogger:
             if write_config:
                 self.write_config()
 
-    def record_config(self, config: Mapping[str, Any]) -> None:
+    def _merged_config(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's config with the W&B ``config_sections``, secrets redacted."""
+        sections = self._wandb_cfg["config_sections"] if self._wandb_cfg else {}
+        return redact_secrets(merge_config(jsonable(dict(run_config)), jsonable(dict(sections))))
+
+    def record_config(self, run_config: Mapping[str, Any]) -> None:
         """Record the config a run uses (a trainer calls it at every ``train()``: fields
         changed since construction included) in ``config.json`` and the W&B run's config."""
-        self.config = redact_secrets(dict(config))
+        self.config = self._merged_config(run_config)
         self.write_config()
         if self._run is not None:
             self._run.config.update(self.config, allow_val_change=True)

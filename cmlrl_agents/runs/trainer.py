@@ -160,7 +160,8 @@ class TeamTrainer(TrainerBase):
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate_items(self, num_eval_samples: int) -> dict[str, float]:
         """One response per agent per turn (every turn) on the first ``num_eval_samples`` eval
-        items; no global random stream changes (see ``evaluation.py``)."""
+        items, drawn from the run's eval sampling key (the same weights evaluate to the same
+        numbers); no global random stream changes (see ``evaluation.py``)."""
         if self.eval_env is None:
             return {}
         if (
@@ -170,8 +171,9 @@ class TeamTrainer(TrainerBase):
         ):
             raise ValueError(f"num_eval_samples must be a positive int, got {num_eval_samples!r}.")
         items = list(self.eval_env.epoch_items(None, 0, num_eval_samples, name="eval_dataset"))
-        key = row_key(self.sample_seed, EVAL_KEYS, self.evaluations)
-        self.evaluations += 1
+        # One eval key for the whole run: every evaluation draws its samples alike (common random
+        # numbers), so two evaluations differ by what the weights changed, not by the draw.
+        key = row_key(self.sample_seed, EVAL_KEYS)
         with isolated_rng():
             trees = self.evaluator.trees(items, self.args.eval_batch_size, self.agent_sampling, key)
             metrics = self.evaluator.metrics(trees, self.args.discount)

@@ -93,7 +93,6 @@ class TrainerBase(RunState):
         self.env: CoMLRLEnv | None = env
         """None without ``train_dataset``: the trainer can evaluate and save, not train."""
         check_eval_dataset(eval_dataset)
-        self.eval_env: CoMLRLEnv | None = eval_env(self.spec, eval_dataset)
         self.agents: list[LLMAgent] = build_agents(
             agent_model=agent_model,
             agents=agents,
@@ -108,7 +107,7 @@ class TrainerBase(RunState):
         self.generation_backend: GenerationBackend = make_backend(args.generation_backend)
         """Any ``GenerationBackend``; ``sync(agents)`` runs after every update."""
         self.evaluator = Evaluator(
-            self.eval_env, self.agents, self.generation_backend, self.parallel,
+            eval_env(self.spec, eval_dataset), self.agents, self.generation_backend, self.parallel,
             None if self.spec is None else self.spec.early_termination_threshold, self.num_turns,
         )  # fmt: skip
         self.start_state(self._sample_seed())
@@ -173,6 +172,16 @@ class TrainerBase(RunState):
         self._args = value
         if "learner" in self.__dict__:  # the learner reads the config at every update
             self.learner.args = value
+
+    @property
+    def eval_env(self) -> CoMLRLEnv | None:
+        """The env over ``eval_dataset`` with early termination off (None without one); the
+        evaluator's, which a trainer may replace (MARLHF's RL phase evaluates on its own)."""
+        return self.evaluator.env  # type: ignore[return-value]
+
+    @eval_env.setter
+    def eval_env(self, env: CoMLRLEnv | None) -> None:
+        self.evaluator.env = env
 
     @property
     def num_turns(self) -> int:

@@ -13,21 +13,19 @@ __all__ = ["RunState"]
 
 class RunState:
     """The run's counters: epochs, the position in the epoch, items and env steps seen, the
-    seed of its sampling keys, evaluations run, and the best evaluation metric so far."""
+    seed of its sampling keys, and the best evaluation metric so far."""
 
     epoch: int
     epoch_position: int
     items_seen: int
     env_step: int
     sample_seed: int
-    evaluations: int
     best_metric: float | None
 
     def start_state(self, sample_seed: int) -> None:
         """A fresh run's counters."""
         self.epoch = self.epoch_position = self.items_seen = self.env_step = 0
         self.sample_seed = sample_seed
-        self.evaluations = 0
         self.best_metric = None
 
     def state_counters(self) -> dict[str, Any]:
@@ -37,12 +35,10 @@ class RunState:
             "items_seen": self.items_seen,
             "env_step": self.env_step,
             "sample_seed": self.sample_seed,
-            "evaluations": self.evaluations,
             "best_metric": self.best_metric,
         }
 
     def load_counters(self, state: dict[str, Any]) -> None:
         self.epoch, self.epoch_position = state["epoch"], state["epoch_position"]
         self.items_seen, self.env_step = state["items_seen"], state["env_step"]
-        self.sample_seed, self.evaluations = state["sample_seed"], state["evaluations"]
-        self.best_metric = state["best_metric"]
+        self.sample_seed, self.best_metric = state["sample_seed"], state["best_metric"]

@@ -264,7 +264,8 @@ def test_joint_scoring_of_a_shared_base_equals_agent_by_agent_updates(base_folde
         sampling=shared.agent_sampling,
     )  # fmt: skip
     for _ in range(2):  # the second update has a non-zero KL to the base
-        got, want = shared.learner.update(tree), separate.learner.update(tree)
+        got = shared.learner.update(shared.learner.batch(tree))
+        want = separate.learner.update(separate.learner.batch(tree))
         for key in ("agent_0/loss", "agent_1/loss", "agent_1/turn_1/reference_kl_mean"):
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     assert want["agent_1/turn_1/reference_kl_mean"] > 0

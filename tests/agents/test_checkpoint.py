@@ -102,7 +102,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_state(tmp_path)
     assert sorted(p.name for p in path.iterdir()) == [
         "model-agent_0.safetensors",
         "optim-agent_0.pt",
-        "rng.pt",
+        "rng-rank0.pt",
         "sched-agent_0.pt",
         "trainer_state.json",
     ]
@@ -354,4 +354,4 @@ def test_bad_arguments_get_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         load_checkpoint(tmp_path, models={"m": model})
     manifest = json.loads((path / "trainer_state.json").read_text())
-    assert manifest["format_version"] == 2 and manifest["models"] == {"m": "full"}
+    assert manifest["format_version"] == 3 and manifest["models"] == {"m": "full"}

@@ -166,10 +166,12 @@ def test_a_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
     trainer.train()
     moved = total = 0
     for key, value in agent.model.state_dict().items():
+        if "embed_tokens" in key:  # rows of bytes that never occur get no gradient
+            continue
         moved += int((value != before[key]).sum())
         total += value.numel()
-    # Measured: 99.9 % here; 6.1 % when the weights stay in bf16. (Embedding rows of bytes
-    # that never occur get no gradient, hence not 100 %.)
+    # Every other weight has a gradient: in fp32 master weights each moves (a step of about
+    # the learning rate); kept in bf16, almost none would (half a bf16 ulp is far larger).
     assert moved / total > 0.99
 
 

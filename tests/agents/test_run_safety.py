@@ -215,7 +215,7 @@ def test_an_unreadable_optimizer_file_is_named_without_weights_only_advice(saved
     assert "weights_only" not in str(err.value) and err.value.__cause__ is None
     assert same(before, weights(trainer))
     # a broken manifest is named too
-    (ckpt / "trainer_state.json").write_text('{"format_version": 2, "fil')
+    (ckpt / "trainer_state.json").write_text('{"format_version": 3, "fil')
     with pytest.raises(CheckpointError, match=r"trainer_state\.json is damaged"):
         trainer.load_checkpoint(ckpt)
 

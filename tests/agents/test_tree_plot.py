@@ -292,8 +292,8 @@ def test_the_logged_loss_is_the_one_worked_out_from_the_tree(tmp_path):
     batch = build_batch(
         [c.prompt_ids for c in row], [c.completion_ids for c in row], agent.pad_token_id
     )
-    with torch.no_grad():
-        logprobs = sequence_logprobs(agent.model, batch)
+    with torch.no_grad():  # scored at the sampling temperature
+        logprobs = sequence_logprobs(agent.model, batch, temperature=trainer.args.temperature)
     # sequence_sum: mean over the two completions of -A * (sum of its token log-probs)
     by_hand = -(adv * logprobs[0].sum() - adv * logprobs[1].sum()) / 2
     library = policy_gradient_loss(logprobs, batch.completion_mask, torch.tensor([adv, -adv]))
