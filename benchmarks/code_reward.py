@@ -175,22 +175,18 @@ def report(todo: list[dict], runs: dict[str, list[dict]]) -> float:
             f"{1000 * a / n:.0f} | {a / b:.2f}x |"
         )
     rewards = {side: r[0]["rewards"] for side, r in runs.items()}
-    for kind in ("canonical", "wrong"):
+    for kind in ("canonical", "wrong", "hostile"):
         ids = [i for i, p in enumerate(todo) if p["kind"] == kind]
-        full = {s: sum(rewards[s][i] == 4.0 for i in ids) for s in rewards}
+        full = [sum(rewards[s][i] == 4.0 for i in ids) for s in ("before", "after")]
+        mean = [sum(rewards[s][i] for i in ids) / len(ids) for s in ("before", "after")]
         changed = [i for i in ids if rewards["before"][i] != rewards["after"][i]]
-        print(f"\n{kind}: {full['before']} / {full['after']} of {len(ids)} at 4.0 before / after; ")
         print(
-            f"reward changed for {len(changed)}: "
-            + ", ".join(
-                f"{todo[i]['task_id']} {rewards['before'][i]:.3g} -> {rewards['after'][i]:.3g}"
-                for i in changed
-            )
+            f"\n{kind}: at 4.0 {full[0]} before, {full[1]} after (of {len(ids)}); mean reward "
+            f"{mean[0]:.3f} before, {mean[1]:.3f} after; {len(changed)} changed"
         )
-    hostile = [i for i, p in enumerate(todo) if p["kind"] == "hostile"]
-    for side in ("before", "after"):
-        values = [rewards[side][i] for i in hostile]
-        print(f"hostile, {side}: max {max(values):.2f}, mean {sum(values) / len(values):.2f}")
+        for i in changed:
+            name = todo[i].get("name", todo[i]["task_id"])
+            print(f"  {name}: {rewards['before'][i]:.3g} -> {rewards['after'][i]:.3g}")
     return best["after"]["all"] / best["before"]["all"]
 
 

@@ -228,25 +228,17 @@ def run_program(
     plan = _plan(limits)
     uid = host.USER_IDS.take(limits.uid_base) if os.geteuid() == 0 else None
     python = host.interpreter(limits.python, uid is not None)
-    folders = [] if plan["private"] else _host_folders(source, uid)
+    folders: list[str] = []
     cgroup, backstop = None, False
     try:
-        cgroup = host.make_cgroup(limits.memory_mb << 20, limits.max_processes)
+        folders = [] if plan["private"] else _host_folders(source, uid)
+        cgroup = host.make_cgroup(int(limits.memory_mb * 2**20), limits.max_processes)
         config = {
             **plan,
-            "start": time.monotonic(),
-            "wall_time_s": limits.wall_time_s,
-            "max_output_chars": limits.max_output_chars,
-            "limits": _child_limits(limits),
+            **_config(source, limits, checker, python),
             "uid": uid,
-            "python": python,
-            "env": host.clean_env("/tmp"),
-            "tmp_bytes": int(limits.tmp_size_mb * 2**20),
-            "hide": host.hidden_paths(python, limits.hidden_paths),
-            "program": source,
             "workdirs": folders,
             "cgroup": cgroup,
-            "checker": None if checker is None else _checker_config(checker),
         }
         result, backstop = _launch(config, limits, bool(plan["flags"] & _CLONE_NEWNET))
     finally:
@@ -259,13 +251,31 @@ def run_program(
 
 def _host_folders(source: str, uid: int | None) -> list[str]:
     """Without a mount namespace: (work folder holding program.py, output folder) on the host."""
-    folders = [tempfile.mkdtemp(prefix="cmlrl-sandbox-") for _ in range(2)]
+    folders = [tempfile.mkdtemp(prefix=f"cmlrl-sandbox-{n}") for n in ("", "output-")]
     program = Path(folders[0], "program.py")
     program.write_text(source, encoding="utf-8")
     if uid is not None:
         for path in (folders[0], program):
             os.chown(path, uid, uid)
     return folders
+
+
+def _config(
+    source: str, limits: SandboxLimits, checker: Checker | None, python: str
+) -> dict[str, Any]:
+    """The launcher's configuration but the plan, the user id, the folders and the cgroup."""
+    return {
+        "start": time.monotonic(),
+        "wall_time_s": limits.wall_time_s,
+        "max_output_chars": limits.max_output_chars,
+        "limits": _child_limits(limits),
+        "python": python,
+        "env": host.clean_env("/tmp"),
+        "tmp_bytes": int(limits.tmp_size_mb * 2**20),
+        "hide": host.hidden_paths(python, limits.hidden_paths),
+        "program": source,
+        "checker": None if checker is None else _checker_config(checker),
+    }
 
 
 def _checker_config(checker: Checker) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+from test_sandbox import processes_named
 
 from cmlrl_env import sandbox
 from cmlrl_env.sandbox import Isolation, SandboxLimits, isolation, run_program, run_programs
@@ -58,17 +59,6 @@ for folder in ("/tmp", "/dev/shm", "/var/tmp"):
             raise SystemExit
 print(written, 0)
 """
-
-
-def processes_named(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def ipc_keys() -> set[int]:
