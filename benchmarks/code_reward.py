@@ -14,8 +14,9 @@ after, and their ratio; the canonical solutions at the maximum; the honest wrong
 reward changed; the hostile programs' rewards.
 
 ``--train-round`` also times one training round of ``examples/configs/humaneval.yaml`` (one
-item, SmolLM2-135M on the CPU, minutes) and the reward's part of it; the share "before" puts the
-same number of programs at the old per-program cost.
+item, SmolLM2-135M on the CPU, minutes) and the reward's part of it, and the share the reward
+would take if every program of the round ran in the sandbox, at the per-program cost measured
+above before and after.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ def fastest(runs: list[dict]) -> dict[str, float]:
     return {**seconds, "all": sum(seconds.values())}
 
 
-def report(todo: list[dict], runs: dict[str, list[dict]]) -> float:
-    """Print the tables; the after/before ratio of the time per program over all programs."""
+def report(todo: list[dict], runs: dict[str, list[dict]]) -> dict[str, float]:
+    """Print the tables; the seconds per program over all programs, before and after."""
     counts = defaultdict(int)
     for p in todo:
         counts[p["kind"]] += 1
@@ -187,7 +188,7 @@ def report(todo: list[dict], runs: dict[str, list[dict]]) -> float:
         for i in changed:
             name = todo[i].get("name", todo[i]["task_id"])
             print(f"  {name}: {rewards['before'][i]:.3g} -> {rewards['after'][i]:.3g}")
-    return best["after"]["all"] / best["before"]["all"]
+    return {side: best[side]["all"] / counts["all"] for side in best}
 
 
 def main() -> None:
@@ -213,17 +214,22 @@ def main() -> None:
         for _ in range(args.repeats):
             runs["before"].append(run_child(before, path))
             runs["after"].append(run_child(ROOT, path))
-    ratio = report(todo, runs)
+    each = report(todo, runs)
     if args.train_round:
         spent = train_round()
-        after = spent["reward_s"] / spent["round_s"]
-        reward_before = spent["reward_s"] / ratio
-        before_share = reward_before / (spent["round_s"] - spent["reward_s"] + reward_before)
+        n, round_s = spent["programs"], spent["round_s"]
         print(
-            f"\none training round: {spent['round_s']:.1f} s, {spent['programs']} programs "
-            f"graded; share in the reward: before {100 * before_share:.1f}%, "
-            f"after {100 * after:.1f}%"
+            f"\none training round (humaneval.yaml, 1 item): {round_s:.1f} s; the reward graded "
+            f"{n} programs in {spent['reward_s']:.2f} s ({100 * spent['reward_s'] / round_s:.2f}%"
+            " of the round; answers that fail the static gates never run)"
         )
+        rest = round_s - spent["reward_s"]
+        for side in ("before", "after"):
+            reward = n * each[side]
+            print(
+                f"if all {n} ran, {side}: {n} x {1000 * each[side]:.0f} ms = {reward:.1f} s, "
+                f"{100 * reward / (rest + reward):.2f}% of the round"
+            )
 
 
 if __name__ == "__main__":

@@ -87,12 +87,20 @@ def test_a_trick_scores_no_more_than_the_honest_answer(two_agents, one_model, na
     assert one_model[name] <= one_model[f"{kind} {task}"] + 1e-9
 
 
+def shown_score(prompt: str) -> float:
+    return float(re.search(r"Score ([\d.]+) of 4\.0", prompt).group(1))
+
+
 @pytest.mark.parametrize("name", list(TRICKS))
-def test_a_trick_gains_nothing_in_the_feedback_or_the_evaluation(two_agents, name) -> None:
+def test_a_trick_gains_nothing_in_the_feedback_or_the_evaluation(
+    two_agents, one_model, name
+) -> None:
     task, helper, main, kind = TRICKS[name]
-    prompt = code_feedback(ITEMS[task]["prompt"], [helper, main], 2)[1]
-    shown = float(re.search(r"Score ([\d.]+) of 4\.0", prompt).group(1))
-    assert shown <= round(two_agents[f"{kind} {task}"], 2)
+    honest = f"{kind} {task}"
+    prompt = ITEMS[task]["prompt"]
+    assert shown_score(code_feedback(prompt, [helper, main], 2)[1]) <= round(two_agents[honest], 2)
+    program = f"{helper}\n\n{main}"
+    assert shown_score(code_feedback(prompt, [program], 1)[0]) <= round(one_model[honest], 2)
     (row,) = code_eval_logger(
         agent_completions_turns=[[[helper]], [[main]]], batch_items=[ITEMS[task]], prompts=None
     )
