@@ -12,39 +12,57 @@ level  what                                                         reward
 3      problem context + helper + main compile together              0.5
 4      fraction of the problem's tests that pass (sandboxed run)     1.5 × f
 5      main calls ``aux`` (0.5) and uses its result (0.5); only      1.0
-       when at least one test passes and main does not redefine
-       ``aux`` itself
+       when at least one test passes, main binds ``aux`` nowhere
+       and binds its entry point only by its one definition
 =====  ===========================================================  ======
 
-The maximum is ``CODE_REWARD_MAX = 4.0``; a failed gate (levels 1–3) stops there. Tests are the
-statements of the problem's ``check(candidate)``: each statement that contains an ``assert`` is
-one test. The program runs in ``cmlrl_env.sandbox`` with a per-test alarm inside and the
-sandbox's limits outside; tests that never report (a timeout, a crash, a killed process) count as
-failed. Every reward below the maximum is logged (logger ``cmlrl_env.code_reward``, level INFO)
-with its reason.
+The maximum is ``CODE_REWARD_MAX = 4.0``, and no reward exceeds it; a failed gate (levels 1–3)
+stops there. Tests are the statements of the problem's ``check(candidate)``: each statement that
+contains an ``assert`` is one test.
 
-Integrity: the harness reports results from inside the sandbox, so a program written to forge
-them could fake passes; the sandbox protects the host, not the reward from a deliberate cheat.
+The tests never run in the program's process. The program (context, helper and main, served by
+``_code_server``) runs in ``cmlrl_env.sandbox``; the trusted checker (``_code_checker``) runs in
+the sandbox's launcher with its own interpreter, its own builtins and its own copy of the
+prompt's code (``poly``, ``encode_cyclic``, ...). It executes ``check`` with ``candidate``
+standing for the entry point: each call sends its arguments across a pipe, and the answer comes
+back as plain data (JSON of built-in values, ``_code_wire``); an answer that is not plain data
+fails its test with the reason. So nothing the program does to its own interpreter reaches the
+comparisons, the expected values or the count: each test is counted once, by its position in
+the checker. A test fails when the program raises, times out (a per-call alarm in the program,
+and the checker's own one a little later), or ends; tests after a program that ended or stopped
+answering fail without running. Every reward below the maximum is logged (logger
+``cmlrl_env.code_reward``, level INFO) with its reason.
 """
 
 from __future__ import annotations
 
-import ast
-import json
+import functools
 import logging
 import re
-import secrets
-import textwrap
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from cmlrl_env.sandbox import RunResult, SandboxLimits, run_programs
+from cmlrl_env.code_static import (
+    HELPER_NAME,
+    aux_usage,
+    bound_names,
+    count_tests,
+    extract_code,
+    parse,
+    split_single_program,
+    test_plan,
+    top_functions,
+)
+from cmlrl_env.sandbox import Checker, RunResult, SandboxLimits, run_programs
 
 __all__ = [
     "CODE_REWARD_MAX",
+    "DEFAULT_LIMITS",
     "CodeProblem",
     "CodeScore",
+    "count_tests",
     "extract_code",
     "score_code",
     "score_batch",
@@ -53,13 +71,13 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 CODE_REWARD_MAX = 4.0
-HELPER_NAME = "aux"
 LEVEL_WEIGHTS = {"aux_defined": 0.4, "main_defined": 0.6, "compiles": 0.5}
 TESTS_WEIGHT = 1.5
 CALLS_AUX_WEIGHT = 0.5
 USES_AUX_RESULT_WEIGHT = 0.5
-DEFAULT_LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=10, memory_mb=1024)
-_FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+DEFAULT_LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=10, memory_mb=1024, max_processes=1)
+"""One process per program (no fork, no threads): its memory limit is the run's on any machine."""
+_HERE = Path(__file__).parent
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,7 @@ class CodeScore:
 
     @property
     def reward(self) -> float:
-        return float(sum(self.levels.values()))
+        return min(float(sum(self.levels.values())), CODE_REWARD_MAX)
 
     @property
     def pass_rate(self) -> float:
@@ -99,60 +117,6 @@ class CodeScore:
     @property
     def passed_all(self) -> bool:
         return self.tests_total > 0 and self.tests_passed == self.tests_total
-
-
-def extract_code(completion: str) -> str:
-    """The first fenced code block of a completion, or the whole completion if it has none."""
-    match = _FENCE.search(completion)
-    return textwrap.dedent(match.group(1) if match else completion).strip("\n")
-
-
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-def _top_functions(tree: ast.Module | None) -> dict[str, ast.FunctionDef]:
-    if tree is None:
-        return {}
-    return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
-def split_single_program(code: str) -> tuple[str, str]:
-    """One agent's program as (helper code, main code): the ``aux`` definition, and the rest."""
-    tree = _parse(code)
-    aux = _top_functions(tree).get(HELPER_NAME)
-    if tree is None or aux is None:
-        return "", code
-    lines = code.splitlines()
-    start = (aux.decorator_list[0].lineno if aux.decorator_list else aux.lineno) - 1
-    end = aux.end_lineno or aux.lineno
-    return "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])
-
-
-def _aux_usage(main: ast.FunctionDef) -> tuple[bool, bool]:
-    """(main calls aux, some call's result is used: not a bare expression statement)."""
-    calls = [
-        n
-        for n in ast.walk(main)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == HELPER_NAME
-    ]
-    bare = {
-        id(n.value)
-        for n in ast.walk(main)
-        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-    }
-    return bool(calls), any(id(c) not in bare for c in calls)
-
-
-def count_tests(test: str) -> int:
-    """Statements of ``check(candidate)`` that contain an ``assert``."""
-    check = _top_functions(_parse(test)).get("check")
-    if check is None:
-        return 0
-    return sum(any(isinstance(n, ast.Assert) for n in ast.walk(s)) for s in check.body)
 
 
 @dataclass(frozen=True)
@@ -164,15 +128,25 @@ class _Static:
     program: str | None
     calls_aux: bool = False
     uses_result: bool = False
-    redefines_aux: bool = False
+    bonus_forfeit: str = ""
+
+
+def _forfeit(main_code: str, entry: str) -> str:
+    """Why the main code gets no cooperation bonus whatever it calls ('' when it may)."""
+    names = bound_names(parse(main_code))
+    if names[HELPER_NAME]:
+        return f"main redefines {HELPER_NAME} (binds the name itself) instead of using the helper's"
+    if names[entry] > 1:
+        return f"main binds {entry} more than once, so what runs may not be what calls aux"
+    return ""
 
 
 def _static(problem: CodeProblem, helper: str, main: str) -> _Static:
     levels: dict[str, float] = {}
     helper_code, main_code = extract_code(helper), extract_code(main)
-    if HELPER_NAME in _top_functions(_parse(helper_code)):
+    if HELPER_NAME in top_functions(parse(helper_code)):
         levels["aux_defined"] = LEVEL_WEIGHTS["aux_defined"]
-    main_funcs = _top_functions(_parse(main_code))
+    main_funcs = top_functions(parse(main_code))
     if problem.entry_point in main_funcs:
         levels["main_defined"] = LEVEL_WEIGHTS["main_defined"]
     if len(levels) < 2:
@@ -188,103 +162,72 @@ def _static(problem: CodeProblem, helper: str, main: str) -> _Static:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return _Static(levels, f"the combined program does not compile: {exc}", None)
     levels["compiles"] = LEVEL_WEIGHTS["compiles"]
-    calls, uses = _aux_usage(main_funcs[problem.entry_point])
-    redefines = HELPER_NAME in main_funcs
-    return _Static(levels, "", source, calls, uses, redefines)
+    calls, uses = aux_usage(main_funcs[problem.entry_point])
+    return _Static(levels, "", source, calls, uses, _forfeit(main_code, problem.entry_point))
 
 
-_HARNESS = """
-import ast as _ast, json as _json, signal as _signal, sys as _sys
-_MARK = {mark!r}
-def _report(**fields):
-    _sys.__stdout__.write(_MARK + _json.dumps(fields) + "\\n")
-    _sys.__stdout__.flush()
-class _TestTimeout(BaseException):
-    pass
-def _alarm(signum, frame):
-    raise _TestTimeout()
-_signal.signal(_signal.SIGALRM, _alarm)
-_ns = {{"__name__": "__solution__"}}
-try:
-    exec(compile({source!r}, "solution.py", "exec"), _ns)
-    _tree = _ast.parse({test!r})
-    _check = None
-    for _node in _tree.body:
-        if isinstance(_node, _ast.FunctionDef) and _node.name == "check":
-            _check = _node
-        else:
-            exec(compile(_ast.Module([_node], []), "test.py", "exec"), _ns)
-    _ns["candidate"] = _ns[{entry!r}]
-except BaseException as _exc:
-    _report(event="load_error", error=f"{{type(_exc).__name__}}: {{_exc}}"[:300])
-    _sys.exit(0)
-_index = 0
-for _stmt in _check.body:
-    _is_test = any(isinstance(_n, _ast.Assert) for _n in _ast.walk(_stmt))
-    _signal.setitimer(_signal.ITIMER_REAL, {test_timeout})
-    try:
-        exec(compile(_ast.Module([_stmt], []), "test.py", "exec"), _ns)
-        _error = None
-    except _TestTimeout:
-        _error = "timeout"
-    except AssertionError:
-        _error = "assert failed"
-    except BaseException as _exc:
-        _error = f"{{type(_exc).__name__}}: {{_exc}}"[:300]
-    finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-    if _is_test:
-        _report(event="test", index=_index, error=_error, source=_ast.unparse(_stmt)[:300])
-        _index += 1
-    elif _error is not None:
-        _report(event="setup_error", error=_error)
-_report(event="done")
-"""
+@functools.lru_cache(maxsize=1)
+def _texts() -> dict[str, str]:
+    names = ("_code_wire", "_code_server", "_code_checker")
+    return {n: (_HERE / f"{n}.py").read_text() for n in names}
 
 
-def _program(problem: CodeProblem, source: str, mark: str, test_timeout: float) -> str:
-    return _HARNESS.format(
-        mark=mark,
-        source=source,
-        test=problem.test,
-        entry=problem.entry_point,
-        test_timeout=test_timeout,
-    )
+def _program(problem: CodeProblem, source: str) -> str:
+    """The program the sandbox runs: the wire format, the server, and the solution to serve."""
+    texts = _texts()
+    call = f"serve({source!r}, {problem.entry_point!r}, encode, decode)\n"
+    return f"{texts['_code_wire']}\n{texts['_code_server']}\n{call}"
 
 
-def _read_events(result: RunResult, mark: str) -> list[dict]:
-    events = []
-    for line in result.stdout.splitlines():
-        if line.startswith(mark):
-            try:
-                events.append(json.loads(line[len(mark) :]))
-            except ValueError:
-                continue
-    return events
+@functools.lru_cache(maxsize=256)
+def _checker(problem: CodeProblem, test_timeout_s: float) -> Checker:
+    setup, statements = test_plan(problem.test)
+    texts = _texts()
+    modules = tuple((f"cmlrl_env.{n}", texts[n]) for n in ("_code_wire", "_code_checker"))
+    payload = {
+        "setup": [problem.context, *setup],
+        "statements": [list(s) for s in statements],
+        "entry": problem.entry_point,
+        "timeout": test_timeout_s,
+    }
+    return Checker(modules, payload)
 
 
-def _dynamic(problem: CodeProblem, static: _Static, result: RunResult, mark: str) -> CodeScore:
-    events = _read_events(result, mark)
+def _outcomes(problem: CodeProblem, result: RunResult) -> tuple[list[str | None], list[str]]:
+    """(per test: None when it passed, else why not; the run's own diagnostics)."""
     total = count_tests(problem.test)
-    tests = [e for e in events if e.get("event") == "test"]
-    passed = sum(e.get("error") is None for e in tests)
-    diagnostics = [f"{e['error']}: {e.get('source', '')}" for e in tests if e.get("error")]
-    diagnostics += [
-        f"loading failed: {e['error']}" for e in events if e.get("event") == "load_error"
-    ]
-    finished = any(e.get("event") == "done" for e in events)
-    if not finished and not any(e.get("event") == "load_error" for e in events):
-        diagnostics.append(f"the program did not finish: {result.reason}")
+    report = result.report if isinstance(result.report, dict) else {}
+    tests = report.get("tests")
+    if not isinstance(tests, list) or len(tests) != total:
+        reason = report.get("checker_error") or f"the program did not finish: {result.reason}"
+        LOG.warning("%s: no test results: %s", problem.task_id, reason)
+        return [f"not run: {reason}"] * total, [str(reason)]
+    notes = [f"loading failed: {report['load_error']}"] if report.get("load_error") else []
+    if report.get("stopped"):
+        notes.append(f"the program did not finish: {report['stopped']}; {result.reason}")
+    return tests, notes
+
+
+def _dynamic(problem: CodeProblem, static: _Static, result: RunResult) -> CodeScore:
+    outcomes, notes = _outcomes(problem, result)
+    sources = [s for is_test, s in test_plan(problem.test)[1] if is_test]
+    passed = sum(error is None for error in outcomes)
+    diagnostics = [
+        f"{error}: {source[:300]}"
+        for error, source in zip(outcomes, sources, strict=True)
+        if error is not None and not str(error).startswith("not run")
+    ] + notes
+    total = len(outcomes)
     levels = dict(static.levels)
     levels["tests"] = TESTS_WEIGHT * (passed / total if total else 0.0)
-    if passed and not static.redefines_aux:
+    if passed and not static.bonus_forfeit:
         levels["calls_aux"] = CALLS_AUX_WEIGHT * static.calls_aux
         levels["uses_aux_result"] = USES_AUX_RESULT_WEIGHT * static.uses_result
     reason = "; ".join(diagnostics[:3])
-    if static.redefines_aux:
-        reason = f"main redefines {HELPER_NAME} instead of using the helper's; " + reason
+    if static.bonus_forfeit:
+        reason = f"{static.bonus_forfeit}; {reason}"
     elif passed and not static.calls_aux:
-        reason = f"main does not call {HELPER_NAME}; " + reason
+        reason = f"main does not call {HELPER_NAME}; {reason}"
     return CodeScore(levels, passed, total, tuple(diagnostics), reason.strip("; "))
 
 
@@ -304,17 +247,20 @@ def score_batch(
         for k, s in zip(keys, statics, strict=True)
         if s.program is not None and k not in _CACHE
     }
-    mark = f"@@cmlrl-{secrets.token_hex(8)}@@"
-    programs = [_program(problem, s.program or "", mark, test_timeout_s) for s in todo.values()]
-    for (key, static), result in zip(todo.items(), run_programs(programs, limits), strict=True):
-        _CACHE.put(key, _dynamic(problem, static, result, mark))
+    programs = [_program(problem, s.program or "") for s in todo.values()]
+    checkers = [_checker(problem, test_timeout_s)] * len(programs)
+    results = run_programs(programs, limits, checkers=checkers)
+    fresh = {}
+    for (key, static), result in zip(todo.items(), results, strict=True):
+        fresh[key] = _dynamic(problem, static, result)
+        _CACHE.put(key, fresh[key])
     scores = []
     for key, static in zip(keys, statics, strict=True):
         if static.program is None:
             total = count_tests(problem.test)
             score = CodeScore(dict(static.levels), 0, total, (static.reason,), static.reason)
         else:
-            score = _CACHE.get(key)
+            score = fresh[key] if key in fresh else _CACHE.get(key)
         if score.reward < CODE_REWARD_MAX:
             LOG.info(
                 "%s: reward %.3g of %.1f: %s",

@@ -1,32 +1,43 @@
 """Run untrusted Python (model-written code) in separate, limited processes.
 
-Each program runs in its own process: a fresh temporary working folder (deleted afterwards),
-Python's isolated mode without site-packages (``python -I -S -B``), an environment holding only
-``PATH``, ``HOME``, ``TMPDIR`` and ``LANG`` (none of the trainer's variables: no tokens, no keys),
-and resource limits set with ``resource.setrlimit``: CPU seconds, address space, the size of any
-file written (stdout and stderr included), open files and processes. A wall-clock limit kills the
-whole process group. Where the OS allows, the program gets a new network namespace (no network,
-only a loopback that is down). Started as root, each concurrent run also gets a user id of its own
-(from ``uid_base``), so it cannot read the trainer's private files, write outside world-writable
-folders, or signal other processes, and the process cap counts only its own processes; whatever
-it left running is killed after the run.
+Each program runs as ``python -I -S -B program.py`` (isolated mode, no site-packages) in a
+process of its own, with an environment holding only ``PATH``, ``HOME``, ``TMPDIR`` and
+``LANG`` (none of the trainer's variables: no tokens, no keys), resource limits (CPU seconds,
+address space, the size of any file written, stdout and stderr included, open files, processes)
+and a wall-clock limit. A launcher process sets it up and stays outside it (see
+``_sandbox_child.py``); what this machine allows is probed once (``isolation()``):
 
-What is not isolated: without root the program runs as the trainer's user (it can read and write
-that user's files and signal its processes; the process cap counts all of that user's
-processes), and without namespace support it has the host's network. The file system is never
-hidden: world-readable files can be read, world-writable folders (``/tmp``) written, within the
-file-size limit. ``network_isolation()`` says what this machine gives. For stronger isolation run
-the trainer in a container.
+- ``network``: a network namespace: no network, only a loopback that is down.
+- ``namespaces``: IPC, mount and PID namespaces. The run's System V IPC objects and POSIX
+  queues die with it; /tmp is a tmpfs of ``tmp_size_mb`` of its own, which /dev/shm, /var/tmp
+  and /run/lock share; its processes are gone, zombies included, before it returns; the
+  trainer's site-packages, its home and ``hidden_paths`` are covered by empty folders.
+  Without this (a container that forbids namespaces) and as root, the run's processes, IPC
+  objects and files in those folders are found by its user id and removed after it.
+- ``read_only``: every other mount is read-only for the run.
+- ``proc``: its /proc shows only its own processes.
+- ``memory``: a cgroup v2 ``memory.max`` of ``memory_mb`` for the run as a whole, where this
+  process may create cgroups; elsewhere ``memory_mb`` holds per process, so a run holds at most
+  ``memory_mb × max_processes`` (plus ``tmp_size_mb``).
 
-``run_programs(sources, limits)`` runs a batch in parallel (one thread waits per process); a hung
-or crashing program costs its own time limit and ends as a ``RunResult`` with a reason, never as
-an exception in the trainer.
+Started as root, each concurrent run also gets a user id of its own (from ``uid_base``): it
+cannot read the trainer's private files or signal other processes, and the process cap counts
+only its own processes; an id is handed back only once none of its processes is left. Without
+root, the namespaces come with a user namespace, where available: the run is user 1000 inside,
+the trainer's user outside, and the read-only mounts keep it from the trainer's files. Without
+root and without user namespaces nothing of this holds: the program runs as the trainer's user,
+with the host's network and file system.
+
+A ``Checker`` is trusted code that runs in the launcher while the program runs and talks with
+it over two pipes; its report comes back in ``RunResult.report`` (the code reward's tests run
+this way, outside the program). ``run_programs(sources, limits)`` runs a batch in parallel (one
+thread waits per run); a hung or crashing program costs its own time limit and ends as a
+``RunResult`` with a reason, never as an exception in the trainer.
 """
 
 from __future__ import annotations
 
-import fcntl
-import functools
+import dataclasses
 import json
 import os
 import shutil
@@ -34,18 +45,31 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SandboxLimits", "RunResult", "network_isolation", "run_program", "run_programs"]
+from cmlrl_env import _sandbox_host as host
+from cmlrl_env._sandbox_host import Isolation, isolation
 
-_CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
+__all__ = [
+    "Checker",
+    "Isolation",
+    "RunResult",
+    "SandboxLimits",
+    "isolation",
+    "network_isolation",
+    "run_program",
+    "run_programs",
+]
+
 _SETUP_FAILED = 111  # _sandbox_child.SETUP_FAILED
+_BACKSTOP_S = 5.0  # how long past the wall clock the launcher itself may take
 NETWORK_MODES = ("auto", "isolate", "host")
+_CLONE_NEWNET, _RUN_FLAGS = 0x40000000, 0x08000000 | 0x00020000 | 0x20000000  # IPC, mount, PID
 
 
 @dataclass(frozen=True)
@@ -53,21 +77,28 @@ class SandboxLimits:
     """Limits of one sandboxed run (all checked at construction)."""
 
     wall_time_s: float = 10.0
-    """Wall-clock seconds before the process group is killed (a sleeping program ends here)."""
+    """Wall-clock seconds before every process of the run is killed."""
     cpu_time_s: int = 10
     """CPU seconds (RLIMIT_CPU): SIGXCPU, then SIGKILL one second later."""
     memory_mb: int = 1024
-    """Address space (RLIMIT_AS); an allocation beyond it raises MemoryError in the program."""
+    """Address space per process (RLIMIT_AS; beyond it, MemoryError in the program), and the
+    memory of the whole run where cgroup v2 allows (``isolation().memory``)."""
     file_size_mb: float = 1.0
     """Largest file the program may write, stdout and stderr included (RLIMIT_FSIZE, SIGXFSZ)."""
     max_processes: int = 8
-    """RLIMIT_NPROC: processes and threads of the run's user id (the program itself counts)."""
+    """RLIMIT_NPROC: processes and threads of the run's user id (the program itself counts;
+    without root, so does the run's init in its user namespace, and without namespaces every
+    process of the trainer's user)."""
     max_open_files: int = 64
     max_output_chars: int = 20_000
     """How much of stdout and of stderr the result keeps (the start of each)."""
     network: str = "auto"
     """auto: a network namespace where possible, else the host's network (noted in results);
     isolate: refuse to run without one; host: no namespace."""
+    tmp_size_mb: float = 16.0
+    """The run's private /tmp, /dev/shm, /var/tmp and /run/lock together (a tmpfs)."""
+    hidden_paths: tuple[str, ...] = ()
+    """Paths the run must not read (test data), besides site-packages and the trainer's home."""
     uid_base: int = 1_900_000_000
     """First user id handed to concurrent runs when the trainer is root."""
     python: str | None = None
@@ -76,7 +107,7 @@ class SandboxLimits:
     /usr/bin/python3 and /usr/local/bin/python3. Programs use only its standard library."""
 
     def __post_init__(self) -> None:
-        for name in ("wall_time_s", "cpu_time_s", "memory_mb", "file_size_mb"):
+        for name in ("wall_time_s", "cpu_time_s", "memory_mb", "file_size_mb", "tmp_size_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}.")
@@ -98,6 +129,16 @@ class SandboxLimits:
             raise ValueError(
                 f"SandboxLimits.network must be one of {NETWORK_MODES}, got {self.network!r}."
             )
+        if not isinstance(self.hidden_paths, tuple) or not all(
+            isinstance(p, str) and os.path.isabs(p) for p in self.hidden_paths
+        ):
+            raise ValueError(
+                "SandboxLimits.hidden_paths must be a tuple of absolute paths, got "
+                f"{self.hidden_paths!r}."
+            )
+        self._check_ids()
+
+    def _check_ids(self) -> None:
         if isinstance(self.uid_base, bool) or not isinstance(self.uid_base, int):
             raise ValueError(f"SandboxLimits.uid_base must be an int, got {self.uid_base!r}.")
         if self.python is not None and not (isinstance(self.python, str) and self.python):
@@ -110,12 +151,28 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
+class Checker:
+    """Trusted code that talks with the program while it runs, from outside the sandbox.
+
+    ``modules`` are (name, source) pairs, stdlib only, executed in order in the launcher as
+    modules of those names; the last one's ``run(link, payload, deadline)`` is called with a
+    link to the program (``send``/``receive`` one JSON message per line over the program's fds
+    3 and 4, ``stop`` to end it), this ``payload`` and the run's ``time.monotonic()`` deadline.
+    What it returns (JSON data) is ``RunResult.report``."""
+
+    modules: tuple[tuple[str, str], ...]
+    payload: Any
+    max_message_bytes: int = 4 << 20
+
+
+@dataclass(frozen=True)
 class RunResult:
     """How one program ended.
 
     ``status``: ``ok`` (exit 0), ``error`` (non-zero exit, e.g. an exception: see ``stderr``),
     ``timeout`` (wall clock), ``cpu_limit``, ``file_size_limit`` (wrote too much),
-    ``killed`` (another signal), ``setup_failed`` (the sandbox itself could not start).
+    ``memory_limit`` (the run's cgroup), ``killed`` (another signal), ``stopped`` (still running
+    when its checker was done), ``setup_failed`` (the sandbox itself could not start).
     """
 
     status: str
@@ -124,6 +181,8 @@ class RunResult:
     stderr: str
     wall_s: float
     network_isolated: bool
+    report: Any = field(default=None, compare=False)
+    """What the run's ``Checker`` returned (None without one)."""
 
     @property
     def reason(self) -> str:
@@ -133,127 +192,98 @@ class RunResult:
         return f"{self.status} (exit {self.returncode}){detail}"
 
 
-@functools.lru_cache(maxsize=1)
 def network_isolation() -> str:
     """``"ok"`` when programs get a network namespace here, else why not (probed once)."""
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-B", _CHILD, "probe", "-"],
-        capture_output=True,
-        text=True,
-        env=_clean_env(tempfile.gettempdir()),
-        timeout=30,
-        check=False,
-    )
-    try:
-        return str(json.loads(done.stdout)["network"])
-    except (ValueError, KeyError):
-        return f"probe failed: {done.stderr.strip()[-200:]}"
+    return isolation().network
 
 
-class _UserIds:
-    """User ids of the runs in progress (root only): never two runs under the same id, in this
-    process or in any other on the machine (two trainers, the ranks of a torchrun launch). An id
-    is held by an exclusive ``flock`` on its lock file, which the kernel drops if the process
-    dies; without it, one process's reap of "its" id killed another's running program."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[int, int] = {}  # user id -> the descriptor holding its lock
-
-    def take(self, base: int) -> int:
-        folder = Path(tempfile.gettempdir(), "cmlrl-sandbox-uids")
-        folder.mkdir(mode=0o700, exist_ok=True)
-        with self._lock:
-            for uid in range(base, base + 2**16):
-                if uid in self._held:
-                    continue
-                fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)  # another process runs a program under this id
-                    continue
-                self._held[uid] = fd
-                return uid
-        raise RuntimeError(
-            f"all 65536 sandbox user ids from uid_base={base} are in use; let runs finish or "
-            "set SandboxLimits(uid_base=...) to another range."
-        )
-
-    def give_back(self, uid: int) -> None:
-        with self._lock:
-            os.close(self._held.pop(uid))
-
-
-_USER_IDS = _UserIds()
-
-
-def _clean_env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-
-
-def _use_network_namespace(limits: SandboxLimits) -> bool:
-    if limits.network == "host":
-        return False
-    available = network_isolation() == "ok"
-    if limits.network == "isolate" and not available:
+def _plan(limits: SandboxLimits) -> dict[str, Any]:
+    """The namespaces and mounts a run gets, from what the probe found and ``limits``."""
+    found = isolation()
+    if limits.network == "isolate" and found.network != "ok":
         raise RuntimeError(
             f"SandboxLimits(network='isolate') but this machine cannot give a program a network "
-            f"namespace ({network_isolation()}); run as root or with user namespaces enabled, or "
+            f"namespace ({found.network}); run as root or with user namespaces enabled, or "
             "use network='auto'."
         )
-    return available
+    net = _CLONE_NEWNET if limits.network != "host" and found.network == "ok" else 0
+    private = found.namespaces == "ok"
+    root = os.geteuid() == 0
+    return {
+        "flags": net | (_RUN_FLAGS if private else 0),
+        "user_ids": None if root else [os.geteuid(), os.getegid()],
+        "private": private,
+        "read_only": private and found.read_only == "ok",
+        "proc": private and found.proc == "ok",
+    }
 
 
-def run_program(source: str, limits: SandboxLimits | None = None) -> RunResult:
+def run_program(
+    source: str, limits: SandboxLimits | None = None, checker: Checker | None = None
+) -> RunResult:
     """Run ``source`` as ``program.py`` in a fresh sandbox; see the module docstring."""
     limits = SandboxLimits() if limits is None else limits
     if not isinstance(source, str):
         raise TypeError(f"source must be a str of Python code, got {type(source).__name__}.")
-    isolated = _use_network_namespace(limits)
-    uid = _USER_IDS.take(limits.uid_base) if os.geteuid() == 0 else None
-    workdir = tempfile.mkdtemp(prefix="cmlrl-sandbox-")
-    iodir = tempfile.mkdtemp(prefix="cmlrl-sandbox-io-")
+    plan = _plan(limits)
+    uid = host.USER_IDS.take(limits.uid_base) if os.geteuid() == 0 else None
+    python = host.interpreter(limits.python, uid is not None)
+    folders: list[str] = []
+    cgroup, backstop = None, False
     try:
-        Path(workdir, "program.py").write_text(source, encoding="utf-8")
+        folders = [] if plan["private"] else _host_folders(source, uid)
+        cgroup = host.make_cgroup(int(limits.memory_mb * 2**20), limits.max_processes)
         config = {
-            "network": isolated,
-            "limits": _child_limits(limits),
+            **plan,
+            **_config(source, limits, checker, python),
             "uid": uid,
-            "workdir": workdir,
-            "python": _interpreter(limits, uid is not None),
-            "env": _clean_env(workdir),
+            "workdirs": folders,
+            "cgroup": cgroup,
         }
-        return _run(config, limits, Path(iodir), isolated)
+        result, backstop = _launch(config, limits, bool(plan["flags"] & _CLONE_NEWNET))
     finally:
-        if uid is not None:
-            _reap(uid)
-            _USER_IDS.give_back(uid)
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(iodir, ignore_errors=True)
+        out_of_memory = cgroup is not None and host.remove_cgroup(cgroup)
+        _clean_up(uid, plan["private"] and not backstop, folders)
+    if out_of_memory and result.status == "killed":
+        result = dataclasses.replace(result, status="memory_limit")
+    return result
 
 
-def _world_executable(path: str) -> bool:
-    """Every user may run ``path``: o+x on the file and on every folder above it."""
-    target = Path(os.path.realpath(path))
-    if not target.is_file():
-        return False
-    return all(os.stat(p).st_mode & 0o001 for p in (target, *target.parents))
+def _host_folders(source: str, uid: int | None) -> list[str]:
+    """Without a mount namespace: (work folder holding program.py, output folder) on the host."""
+    folders = [tempfile.mkdtemp(prefix=f"cmlrl-sandbox-{n}") for n in ("", "output-")]
+    program = Path(folders[0], "program.py")
+    program.write_text(source, encoding="utf-8")
+    if uid is not None:
+        for path in (folders[0], program):
+            os.chown(path, uid, uid)
+    return folders
 
 
-def _interpreter(limits: SandboxLimits, dropping_user: bool) -> str:
-    if limits.python is not None:
-        return limits.python
-    if not dropping_user:
-        return sys.executable
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if _world_executable(candidate):
-            return candidate
-    raise RuntimeError(
-        f"the sandbox runs programs under their own user id, which cannot run "
-        f"{sys.executable} (a folder above it is private) and no /usr/bin/python3 exists; "
-        "install one or pass SandboxLimits(python='/path/every/user/can/run')."
-    )
+def _config(
+    source: str, limits: SandboxLimits, checker: Checker | None, python: str
+) -> dict[str, Any]:
+    """The launcher's configuration but the plan, the user id, the folders and the cgroup."""
+    return {
+        "start": time.monotonic(),
+        "wall_time_s": limits.wall_time_s,
+        "max_output_chars": limits.max_output_chars,
+        "limits": _child_limits(limits),
+        "python": python,
+        "env": host.clean_env("/tmp"),
+        "tmp_bytes": int(limits.tmp_size_mb * 2**20),
+        "hide": host.hidden_paths(python, limits.hidden_paths),
+        "program": source,
+        "checker": None if checker is None else _checker_config(checker),
+    }
+
+
+def _checker_config(checker: Checker) -> dict[str, Any]:
+    return {
+        "modules": [list(m) for m in checker.modules],
+        "payload": checker.payload,
+        "max_bytes": checker.max_message_bytes,
+    }
 
 
 def _child_limits(limits: SandboxLimits) -> dict[str, int]:
@@ -266,38 +296,41 @@ def _child_limits(limits: SandboxLimits) -> dict[str, int]:
     }
 
 
-def _run(config: dict, limits: SandboxLimits, iodir: Path, isolated: bool) -> RunResult:
+def _launch(config: dict, limits: SandboxLimits, isolated: bool) -> tuple[RunResult, bool]:
+    """Start the launcher and read its one line: (the result, whether the backstop fired)."""
     start = time.monotonic()
-    # Output goes to files, not pipes: RLIMIT_FSIZE bounds them, and nothing is buffered here.
-    with open(iodir / "stdout", "wb") as out, open(iodir / "stderr", "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", _CHILD, "run", json.dumps(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=config["env"],
-            cwd=config["workdir"],
-            start_new_session=True,  # its own process group: the timeout kills all of it
-        )
-        timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_time_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc.pid)
-            proc.wait()
-        _kill_group(proc.pid)  # children that outlived the program
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-B", host.CHILD, "run"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=host.clean_env(tempfile.gettempdir()),
+        cwd="/",
+        start_new_session=True,  # its own process group: the backstop kills all of it
+    )
+    backstop = False
+    try:
+        out, err = proc.communicate(json.dumps(config).encode(), limits.wall_time_s + _BACKSTOP_S)
+    except subprocess.TimeoutExpired:
+        backstop = True
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+    _kill_group(proc.pid)  # without a PID namespace: whatever the program left in the group
     wall = time.monotonic() - start
-    keep = limits.max_output_chars
-    stdout = _read_start(iodir / "stdout", keep)
-    stderr = _read_start(iodir / "stderr", keep)
-    status = _status(proc.returncode, timed_out)
-    return RunResult(status, proc.returncode, stdout, stderr, wall, isolated)
+    stderr = err.decode("utf-8", errors="replace")[-limits.max_output_chars :]
+    if backstop:
+        return RunResult("timeout", -signal.SIGKILL, "", stderr, wall, isolated), True
+    try:
+        data = json.loads(out)
+    except ValueError:
+        return RunResult("setup_failed", proc.returncode, "", stderr, wall, isolated), False
+    code = data["returncode"]
+    status = "timeout" if data["timed_out"] else "stopped" if code is None else _status(code)
+    run = RunResult(status, code, data["stdout"], data["stderr"], wall, isolated, data["report"])
+    return run, False
 
 
-def _status(returncode: int, timed_out: bool) -> str:
-    if timed_out:
-        return "timeout"
+def _status(returncode: int) -> str:
     if returncode == 0:
         return "ok"
     if returncode == _SETUP_FAILED:
@@ -315,37 +348,42 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _reap(uid: int) -> None:
-    subprocess.run(
-        [sys.executable, "-I", "-S", "-B", _CHILD, "reap", str(uid)],
-        env=_clean_env(tempfile.gettempdir()),
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-
-
-def _read_start(path: Path, chars: int) -> str:
-    with open(path, "rb") as f:
-        data = f.read(chars * 4)  # UTF-8: at most 4 bytes per character
-    return data.decode("utf-8", errors="replace")[:chars]
+def _clean_up(uid: int | None, contained: bool, folders: list[str]) -> None:
+    """Hand the user id back once nothing of the run is left; remove the run's host folders."""
+    if uid is not None:
+        if contained or host.reap(uid):
+            host.USER_IDS.give_back(uid)
+        else:
+            host.LOG.warning("sandbox user id %d still has processes; it is not used again", uid)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_programs(
-    sources: Sequence[str], limits: SandboxLimits | None = None, max_workers: int | None = None
+    sources: Sequence[str],
+    limits: SandboxLimits | None = None,
+    max_workers: int | None = None,
+    checkers: Sequence[Checker | None] | None = None,
 ) -> list[RunResult]:
-    """``run_program`` on every source, ``max_workers`` at a time (default: one per CPU core);
-    results in the order of ``sources``."""
+    """``run_program`` on every source (with the aligned ``checkers``, if given),
+    ``max_workers`` at a time (default: one per CPU core); results in the order of ``sources``."""
     limits = SandboxLimits() if limits is None else limits
     if max_workers is not None and (
         isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
     ):
         raise ValueError(f"max_workers must be an int >= 1 or None, got {max_workers!r}.")
     sources = list(sources)
+    checks = [None] * len(sources) if checkers is None else list(checkers)
+    if len(checks) != len(sources):
+        raise ValueError(f"checkers has {len(checks)} entries for {len(sources)} sources.")
     if not sources:
         return []
     workers = min(len(sources), max_workers or os.cpu_count() or 1)
+
+    def run(source: str, checker: Checker | None) -> RunResult:
+        return run_program(source, limits, checker)
+
     if workers == 1:
-        return [run_program(s, limits) for s in sources]
+        return list(map(run, sources, checks))
     with ThreadPoolExecutor(workers, thread_name_prefix="cmlrl-sandbox") as pool:
-        return list(pool.map(functools.partial(run_program, limits=limits), sources))
+        return list(pool.map(run, sources, checks))

@@ -1,0 +1,126 @@
+"""What the code reward judges from the syntax tree alone: the code, the names it binds, the tests.
+
+``extract_code`` takes a completion's code, ``split_single_program`` splits one agent's program
+into the helper (``aux``) and the rest, ``bound_names`` counts every way a piece of code binds a
+name, ``aux_usage`` says whether the main function calls ``aux`` and uses its result, and
+``test_plan`` cuts a problem's test module into the statements the checker runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import textwrap
+from collections import Counter
+
+__all__ = [
+    "HELPER_NAME",
+    "aux_usage",
+    "bound_names",
+    "count_tests",
+    "extract_code",
+    "parse",
+    "split_single_program",
+    "test_plan",
+    "top_functions",
+]
+
+HELPER_NAME = "aux"
+_FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def extract_code(completion: str) -> str:
+    """The first fenced code block of a completion, or the whole completion if it has none."""
+    match = _FENCE.search(completion)
+    return textwrap.dedent(match.group(1) if match else completion).strip("\n")
+
+
+def parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def top_functions(tree: ast.Module | None) -> dict[str, ast.FunctionDef]:
+    if tree is None:
+        return {}
+    return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def split_single_program(code: str) -> tuple[str, str]:
+    """One agent's program as (helper code, main code): the ``aux`` definition, and the rest."""
+    tree = parse(code)
+    aux = top_functions(tree).get(HELPER_NAME)
+    if tree is None or aux is None:
+        return "", code
+    lines = code.splitlines()
+    start = (aux.decorator_list[0].lineno if aux.decorator_list else aux.lineno) - 1
+    end = aux.end_lineno or aux.lineno
+    return "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])
+
+
+def _names_bound_by(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.alias):  # import a.b binds a; import x as y and from m import x as y
+        return [node.asname or node.name.split(".")[0]]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+        return [node.id]
+    if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+        return [node.attr]  # module.aux = ..., sys.modules[__name__].aux = ...
+    if isinstance(node, ast.arg):
+        return [node.arg]  # a parameter (of a def or a lambda) shadows the global
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]  # globals()["aux"] = ..., setattr(module, "aux", ...)
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
+    name = getattr(node, "name", None)  # def, class, except ... as, match captures, type params
+    return [name] if isinstance(name, str) else []
+
+
+def bound_names(tree: ast.AST | None) -> Counter[str]:
+    """How often each name is bound anywhere in ``tree``: definitions, assignments of every kind
+    (targets, augmented, annotated, walrus, for, with ... as, except ... as, match captures,
+    del), imports, parameters, global/nonlocal declarations, attribute stores, and string
+    constants (the name handed to ``globals()[...]`` or ``setattr``)."""
+    counts: Counter[str] = Counter()
+    for node in ast.walk(tree) if tree is not None else ():
+        counts.update(_names_bound_by(node))
+    return counts
+
+
+def aux_usage(main: ast.FunctionDef) -> tuple[bool, bool]:
+    """(main calls aux, some call's result is used: not a bare expression statement)."""
+    calls = [
+        n
+        for n in ast.walk(main)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == HELPER_NAME
+    ]
+    bare = {
+        id(n.value)
+        for n in ast.walk(main)
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+    }
+    return bool(calls), any(id(c) not in bare for c in calls)
+
+
+@functools.lru_cache(maxsize=512)
+def test_plan(test: str) -> tuple[tuple[str, ...], tuple[tuple[bool, str], ...]]:
+    """(the test module's top-level statements but ``check``, the statements of ``check`` as
+    (holds an ``assert``: is a test, source)); empty when ``test`` defines no ``check``."""
+    tree = parse(test)
+    check = top_functions(tree).get("check")
+    if tree is None or check is None:
+        return (), ()
+    setup = tuple(ast.unparse(n) for n in tree.body if n is not check)
+    statements = tuple(
+        (any(isinstance(n, ast.Assert) for n in ast.walk(s)), ast.unparse(s)) for s in check.body
+    )
+    return setup, statements
+
+
+def count_tests(test: str) -> int:
+    """Statements of ``check(candidate)`` that contain an ``assert``."""
+    return sum(is_test for is_test, _ in test_plan(test)[1])
