@@ -98,6 +98,23 @@ def test_vs_comlrl_uses_the_shared_helpers(bench) -> None:
     assert bench["vs_comlrl"].run is helpers.run_child
 
 
+def test_vs_comlrl_reports_our_share_of_the_peak(bench, tmp_path: Path) -> None:
+    """Our child program on a tiny model: its timed run, then the share of the matmul peak of
+    generation and the update, from FLOPs counted in one more epoch over the same items."""
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    spec = {"turns": 1, "items": 2, "tokens": 3, "setup": "lora", "benchmarks": str(BENCHMARKS)}
+    spec |= {"model": str(tmp_path / "model"), "out": str(tmp_path / "run")}
+    result = bench["vs_comlrl"].run(sys.executable, bench["vs_comlrl"].OURS, spec, 1)
+    assert result["items"] == 2 and result["seconds"] > 0
+    assert result["tokens"] == 2 * 4 * 2 * 3  # items x G x agents x forced tokens
+    share = result["share"]
+    assert set(share) == {"generation", "update", "round"}
+    assert all(0 < share[p]["share_of_peak"] < 1 for p in share)
+    assert share["generation"]["flops"] + share["update"]["flops"] == share["round"]["flops"]
+
+
 @pytest.mark.parametrize("setup", ["full", "lora"])
 def test_floor_runs_one_round_of_each_on_a_tiny_model(
     bench, tmp_path: Path, capsys, setup: str
@@ -107,10 +124,24 @@ def test_floor_runs_one_round_of_each_on_a_tiny_model(
     tokenizer.save_pretrained(tmp_path)
     argv = ["--model", str(tmp_path), "--items", "2", "--tokens", "3", "--repeats", "1"]
     best = bench["floor"].main([*argv, "--setup", setup])
-    assert set(best) == {"floor", "train", "round"}
-    assert all(seconds > 0 for seconds in best.values())
+    assert set(best) == {"floor", "train", "round", "share"}
+    assert all(best[name] > 0 for name in ("floor", "train", "round"))
     out = capsys.readouterr().out
     assert "x the floor" in out and out.startswith(f"{setup}: 2 agents")
+    # The share of the matmul peak, per timed call, generation and the update apart: each
+    # phase did matrix work in some of the time it took, and the two add up to the round's
+    # FLOPs (its seconds also hold the trainer's logging, in neither phase).
+    assert "share of the fp32 matmul peak" in out
+    for name in ("floor", "train", "round"):
+        phases = best["share"][name]
+        assert set(phases) == {"generation", "update", "round"}
+        for figures in phases.values():
+            assert figures["flops"] > 0 and 0 < figures["seconds"]
+            assert 0 < figures["share_of_peak"] < 1
+        flops = phases["generation"]["flops"] + phases["update"]["flops"]
+        assert flops == phases["round"]["flops"]
+        seconds = phases["generation"]["seconds"] + phases["update"]["seconds"]
+        assert seconds <= phases["round"]["seconds"]
 
 
 def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
