@@ -20,8 +20,9 @@ Prints the floor's seconds per round, ours (the whole ``train()`` call, and the 
 ``collect_tree`` plus ``learner.update``) and the ratio to the floor (target: within 1.2x), in
 wall seconds and in process CPU seconds (the figure to trust on a shared machine). Then the share
 of the machine's peak each reaches (``benchmarks/peak.py``): FLOPs of a round (counted in one
-more round of each, after the timed ones) over the fastest timed round's seconds, against an
-fp32 matrix multiply timed in the same run at the same threads; generation and the update apart.
+more round of each, after the timed ones) over the fastest timed round's process CPU seconds,
+against an fp32 matrix multiply timed the same way in the same run at the same threads;
+generation and the update apart.
 """
 
 from __future__ import annotations
@@ -203,30 +204,30 @@ def floor_models(model_dir: str, lora: bool) -> tuple[list, list[torch.optim.Opt
 
 
 def round_meters() -> dict[str, RoundMeter]:
-    """A meter per timed call; generation is transformers' ``generate`` in the floor and our
-    agents' ``generate_rows`` in ours."""
+    """A meter per timed call, in process CPU seconds; generation is transformers' ``generate``
+    in the floor and our agents' ``generate_rows`` in ours."""
     from transformers.generation.utils import GenerationMixin
 
     from cmlrl_agents import LLMAgent
 
     ours = [(LLMAgent, "generate_rows")]
     return {
-        "floor": RoundMeter("cpu", [(GenerationMixin, "generate")]),
-        "train": RoundMeter("cpu", ours),
-        "round": RoundMeter("cpu", ours),
+        "floor": RoundMeter("cpu", [(GenerationMixin, "generate")], clock=time.process_time),
+        "train": RoundMeter("cpu", ours, clock=time.process_time),
+        "round": RoundMeter("cpu", ours, clock=time.process_time),
     }
 
 
 def report_shares(peak: float, meters: dict[str, RoundMeter]) -> dict[str, dict]:
     """The share of the matmul peak per timed call, generation and update apart."""
     print(
-        f"share of the fp32 matmul peak ({peak / 1e9:.1f} GFLOP/s at {torch.get_num_threads()} "
-        "threads, this run):"
+        f"share of the fp32 matmul peak ({peak / 1e9:.1f} GFLOP per CPU second at "
+        f"{torch.get_num_threads()} threads, this run; rounds and peak in process CPU seconds):"
     )
     shares = {}
     for name, meter in meters.items():
         shares[name] = meter.figures(peak)
-        print(f"  {name:6s} {format_shares(shares[name])}")
+        print(f"  {name:6s} {format_shares(shares[name], per='CPU s')}")
     return shares
 
 
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     items = [dict(row) for row in data]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     models, optimizers = floor_models(model_dir, args.setup == "lora")
-    peak, meters = matmul_peak("cpu", torch.float32), round_meters()
+    peak, meters = matmul_peak("cpu", torch.float32, clock=time.process_time), round_meters()
     with tempfile.TemporaryDirectory() as out:
         trainer = build_ours(model_dir, data, args.tokens, out, args.setup == "lora")
         times: dict[str, list[float]] = {"floor": [], "train": [], "round": []}

@@ -10,11 +10,13 @@ multiply timed in the same run, for generation and for the update apart.
   slows every op. Generation is told apart by the calls that generate: each ``(class, method)``
   of ``generate_targets`` is wrapped (its outermost call only), so the FLOPs and seconds inside
   those calls are generation's. The update's FLOPs are the rest of the round's (the rewards and
-  the bookkeeping do no matrix work); its seconds run from the end of the last generation call
-  to the end of the last optimizer step (``torch.optim``'s global step hook), so logging and
-  plotting after the step are in neither phase, only in the round's total.
+  the bookkeeping do no matrix work); its seconds run from the end of each generation call to
+  the end of the last optimizer step before the next one (``torch.optim``'s global step hook), so
+  logging and plotting after a step are in neither phase, only in the round's total.
 
-Used by ``scripts/gpu_check.py``, ``benchmarks/floor.py`` and ``benchmarks/vs_comlrl.py``. On
+Rounds and the peak are timed on one clock: wall time by default (a GPU to itself), or process
+CPU seconds on a CPU shared with other work (``floor.py`` and ``vs_comlrl.py``). Used by
+``scripts/gpu_check.py``, ``benchmarks/floor.py`` and ``benchmarks/vs_comlrl.py``. On
 the CPU, attention through ``scaled_dot_product_attention`` is not counted (torch registers no
 FLOP formula for its CPU kernel), so the CPU figures are of the matrix products alone.
 """
@@ -39,7 +41,6 @@ __all__ = [
     "format_shares",
     "matmul_peak",
     "peak_dtype",
-    "step_ends",
     "synchronize",
 ]
 
@@ -67,11 +68,13 @@ def matmul_peak(
     size: int | None = None,
     repeats: int = 10,
     trials: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """FLOP/s of ``size x size`` matrix products in ``dtype``: the best of ``trials`` runs of
     ``repeats`` back-to-back products, after warm-up ones (the figure a GPU sheet quotes is the
     same: dense products, no data-dependent work). ``size`` defaults to 8192 on a GPU and 1024
-    on the CPU (2 GFLOP a product, tens of milliseconds on one core)."""
+    on the CPU (2 GFLOP a product, tens of milliseconds on one core). ``clock``: as the rounds
+    it is compared with are timed (:attr:`RoundMeter.clock`)."""
     device = torch.device(device)
     dtype = dtype or peak_dtype(device)
     size = size or (8192 if device.type == "cuda" else 1024)
@@ -88,11 +91,11 @@ def matmul_peak(
     best = float("inf")
     for _ in range(trials):
         synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         for _ in range(repeats):
             torch.mm(a, b, out=out)
         synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return 2.0 * size**3 * repeats / best
 
 
@@ -151,8 +154,9 @@ def _wrapped(
 @dataclass
 class PhaseTotals:
     """FLOPs or seconds of one round: the whole round, the part inside generation calls and,
-    for seconds, the update: from the end of the last generation call to the end of the last
-    optimizer step (the round's logging and plotting after it are neither)."""
+    for seconds, the update: each span from the end of a generation call to the end of the last
+    optimizer step before the next generation (the logging and plotting after a step are in
+    neither phase)."""
 
     total: float = 0.0
     generation: float = 0.0
@@ -162,26 +166,43 @@ class PhaseTotals:
     @property
     def update(self) -> float:
         """Scoring, backward and optimizer steps (and the rewards, which do no matrix work):
-        the measured span, or for FLOPs (and a round without optimizer steps) all but
+        the measured spans, or for FLOPs (and a round without optimizer steps) all but
         generation."""
         return self.total - self.generation if self.update_span is None else self.update_span
 
 
-@contextlib.contextmanager
-def step_ends(device: torch.device | str) -> Iterator[list[float]]:
-    """Yields a list that holds the ``perf_counter`` time at which the last optimizer step
-    ended (the device waited for), empty until one does."""
-    ends: list[float] = []
+class _Spans:
+    """The clock readings of :meth:`RoundMeter.time`: generation calls and, after each, the
+    span to the last optimizer step before the next call (or the round's end)."""
 
-    def hook(*_: object) -> None:
-        synchronize(device)
-        ends[:] = [time.perf_counter()]
+    def __init__(self, device: torch.device | str, clock: Callable[[], float]) -> None:
+        self.device, self.clock = device, clock
+        self.totals = PhaseTotals()
+        self.began = self.generation_end = self.now()
+        self.call_start = 0.0
+        self.step_end: float | None = None
 
-    handle = register_optimizer_step_post_hook(hook)
-    try:
-        yield ends
-    finally:
-        handle.remove()
+    def now(self) -> float:
+        synchronize(self.device)
+        return self.clock()
+
+    def close_update(self) -> None:
+        if self.step_end is not None and self.step_end > self.generation_end:
+            self.totals.update_span = (self.totals.update_span or 0.0) + (
+                self.step_end - self.generation_end
+            )
+        self.step_end = None
+
+    def enter(self) -> None:
+        self.call_start = self.now()
+        self.close_update()
+
+    def leave(self) -> None:
+        self.generation_end = self.now()
+        self.totals.generation += self.generation_end - self.call_start
+
+    def step(self, *_: object) -> None:
+        self.step_end = self.now()
 
 
 @dataclass
@@ -193,6 +214,9 @@ class RoundMeter:
     generate_targets: Sequence[Target]
     flops: PhaseTotals | None = None
     seconds: list[PhaseTotals] = field(default_factory=list)
+    clock: Callable[[], float] = time.perf_counter
+    """Wall time by default; ``time.process_time`` (CPU seconds of this process, all its threads)
+    on a CPU shared with other work, with :func:`matmul_peak` on the same clock."""
 
     def count(self, round_fn: Callable[[], object]) -> object:
         """Run ``round_fn`` once under a FLOP counter (slow: do not time this round)."""
@@ -214,30 +238,19 @@ class RoundMeter:
         return result
 
     def time(self, round_fn: Callable[[], object]) -> object:
-        """Run and time ``round_fn``; the device is waited for at the round's end, around each
+        """Run and time ``round_fn``; the device is waited for at the round's ends, around each
         generation call and after each optimizer step (noise against a round's seconds)."""
-        totals = PhaseTotals()
-        marks = [0.0, 0.0]  # the current call's start, the last call's end
-
-        def enter() -> None:
-            synchronize(self.device)
-            marks[0] = time.perf_counter()
-
-        def leave() -> None:
-            synchronize(self.device)
-            marks[1] = time.perf_counter()
-            totals.generation += marks[1] - marks[0]
-
-        synchronize(self.device)
-        began = time.perf_counter()
-        with step_ends(self.device) as ends, calls_of(self.generate_targets, enter, leave) as n:
-            result = round_fn()
-        synchronize(self.device)
-        totals.total = time.perf_counter() - began
-        totals.generate_calls = n[0]
-        if ends and ends[0] > marks[1]:
-            totals.update_span = ends[0] - max(marks[1], began)
-        self.seconds.append(totals)
+        spans = _Spans(self.device, self.clock)
+        hook = register_optimizer_step_post_hook(spans.step)
+        try:
+            with calls_of(self.generate_targets, spans.enter, spans.leave) as calls:
+                result = round_fn()
+        finally:
+            hook.remove()
+        spans.close_update()
+        spans.totals.total = spans.now() - spans.began
+        spans.totals.generate_calls = calls[0]
+        self.seconds.append(spans.totals)
         return result
 
     def best(self) -> PhaseTotals:
@@ -273,9 +286,10 @@ class RoundMeter:
         return out
 
 
-def format_shares(figures: dict[str, dict[str, float]]) -> str:
-    """``generation 1.2% (3.4 GFLOP/s), update 8.9% (...)``: one line of :meth:`figures`."""
+def format_shares(figures: dict[str, dict[str, float]], per: str = "s") -> str:
+    """``generation 1.2% (3.4 GFLOP/s), update 8.9% (...)``: one line of
+    :meth:`RoundMeter.figures` (``per="CPU s"`` for rounds timed in CPU seconds)."""
     return ", ".join(
-        f"{phase} {f['share_of_peak']:.1%} ({f['flop_per_s'] / 1e9:.1f} GFLOP/s)"
+        f"{phase} {f['share_of_peak']:.1%} ({f['flop_per_s'] / 1e9:.1f} GFLOP/{per})"
         for phase, f in figures.items()
     )

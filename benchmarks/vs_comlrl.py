@@ -17,10 +17,10 @@ Prints seconds per task item, generated tokens per second and peak RSS for both,
 for ours also the share of the machine's peak (``benchmarks/peak.py``): the FLOPs of the training
 run, counted in one more epoch over the same items after the timed one (2 turns: the second
 turn's prompts hold the sampled text, so that epoch's prompts are as long only on average), over
-the timed run's seconds, against an fp32 matrix multiply timed in the same child process at the
-same threads; generation (our agents' ``generate_rows`` calls) and the update (from the end of
-each round's last generation to its last optimizer step) apart. The reference's rounds are not
-split (its generation and update are not reachable from outside).
+the timed run's process CPU seconds, against an fp32 matrix multiply timed the same way in the
+same child process at the same threads; generation (our agents' ``generate_rows`` calls) and the
+update (from the end of each round's last generation to its last optimizer step) apart. The
+reference's rounds are not split (its generation and update are not reachable from outside).
 Notes: the reference never applies a chat template, so ours runs with ``chat_template=False``
 here for equal prompt lengths; with SmolLM2's tokenizer (pad == eos) the reference hands its
 reward ``''`` (bug B1) but still does the same forward/backward work.
@@ -82,13 +82,13 @@ OURS = COMMON + textwrap.dedent("""
     sys.path.insert(0, spec["benchmarks"])
     from peak import RoundMeter, matmul_peak
     from cmlrl_agents import LLMAgent
-    meter = RoundMeter("cpu", [(LLMAgent, "generate_rows")])
+    meter = RoundMeter("cpu", [(LLMAgent, "generate_rows")], clock=time.process_time)
     start = time.perf_counter()
     meter.time(trainer.train)
     seconds, rollouts, peak = time.perf_counter() - start, trainer.env_step, peak_rss()
     config.num_train_epochs += 1  # the same items again, FLOPs counted (slow: not timed)
     meter.count(trainer.train)
-    share = meter.figures(matmul_peak("cpu", torch.float32))
+    share = meter.figures(matmul_peak("cpu", torch.float32, clock=time.process_time))
     report(seconds, rollouts, share, peak)
 """)
 
@@ -147,7 +147,7 @@ def main() -> None:
             print(
                 f"{turns:>5} {name:>12} {r['seconds'] / r['items']:>8.2f} "
                 f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}  "
-                + (format_shares(r["share"]) if r["share"] else "not split")
+                + (format_shares(r["share"], per="CPU s") if r["share"] else "not split")
             )
         ref = results["comlrl"]
         for setup in args.setups:

@@ -62,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--budget-seconds",
         type=float,
-        default=300.0,
-        help="start no section or team after this many seconds (default 300)",
+        default=270.0,
+        help="start no section or team after this many seconds (default 270)",
     )
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to skip")
     parser.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
