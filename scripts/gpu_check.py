@@ -103,7 +103,7 @@ def environment(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     return {
         "commit": commit_of(args.commit),
         "device": args.device,
-        "device_name": torch.cuda.get_device_name(args.device) if cuda else platform.processor(),
+        "device_name": torch.cuda.get_device_name(args.device) if cuda else platform.machine(),
         "size": args.size,
         "base_dtype": str(dtype).removeprefix("torch."),
         "adapter_dtype": "float32",
@@ -156,6 +156,11 @@ def run_tests(device: str) -> dict[str, Any]:
         result["output_tail"] = (proc.stdout + proc.stderr)[-3000:]
     if proc.returncode != 0 and not result["failures"]:
         result["failures"] = [f"pytest exited {proc.returncode} (see tests.output_tail)"]
+    if device.startswith("cuda") and result["skipped_for_no_cuda"]:
+        result["failures"].append(
+            f"{result['skipped_for_no_cuda']} CUDA-only test(s) skipped on {device}: the "
+            "subprocess saw no GPU (CUDA_VISIBLE_DEVICES?)"
+        )
     return result
 
 

@@ -8,7 +8,7 @@ test_adapter_agents.py, test_generation_batch.py), through the public agent API.
   generating its rows alone.
 - Scoring: ``agent.score(batch, prefix_sharing=True)`` against ``prefix_sharing=False`` in
   log-probs and gradients, for a mixed-adapter batch (both adapters' gradients) and for a
-  full model.
+  full model; and the mixed-adapter pass against each adapter's agent scoring its rows alone.
 
 In float32 the tolerances are the CPU tests' (generation token for token). In bf16 two
 computations of one thing round differently, so greedy decoding may part at a near-tie: a row
@@ -136,40 +136,66 @@ def scoring_rows(agent: LLMAgent, vocab: int, seed: int = 3) -> tuple[list, list
 
 
 def scored(agents: list[LLMAgent], batch: Any, names: Any, shared: bool) -> tuple:
-    lead = agents[0]
+    """Log-probs of the rows and the gradients of a weighted sum of them: one pass (each row
+    under its adapter when ``names`` are given), or with ``names == "alone"`` each adapter's
+    rows in a pass of its own, the gradients summed."""
     params = [p for agent in agents for p in agent.trainable_parameters()]
     for p in params:
-        p.requires_grad_(True)  # a mixed pass trains every adapter in it
         p.grad = None
-    lp = lead.score(batch, adapter_names=names, prefix_sharing=shared)
-    weights = torch.linspace(-1.0, 2.0, lp.shape[0], device=lp.device)
-    (lp.sum(dim=1) * weights).sum().backward()
-    grads = [p.grad.detach().clone() for p in params]
-    return lp.detach().float(), grads
+    weights = torch.linspace(-1.0, 2.0, batch.input_ids.shape[0], device=batch.input_ids.device)
+    passes = [(agents[0], list(range(len(weights))), names)]
+    if names == "alone":
+        rows = {agent.adapter: [] for agent in agents}
+        for i in range(len(weights)):
+            rows[agents[i % len(agents)].adapter].append(i)
+        passes = [(agent, rows[agent.adapter], None) for agent in agents]
+    lp = torch.zeros(batch.input_ids.shape, device=weights.device)
+    for agent, rows, adapter_names in passes:
+        for p in params:
+            p.requires_grad_(True)  # a mixed pass trains every adapter in it
+        mine = agent.score(batch.select(rows), adapter_names=adapter_names, prefix_sharing=shared)
+        (mine.sum(dim=1) * weights[rows]).sum().backward()
+        lp[rows] = mine.detach().float()
+    # An adapter no row used has no gradient: zeros, which the comparison then shows.
+    return lp, [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]
 
 
-def check_scoring(agents: list[LLMAgent], names: Any, vocab: int, tol: dict) -> dict[str, Any]:
-    prompts, completions = scoring_rows(agents[0], vocab)
-    batch = build_batch(prompts, completions, agents[0].pad_token_id).to(agents[0].device)
-    if names is not None:
-        names = [names[i % len(names)] for i in range(len(prompts))]
-    plain_lp, plain_g = scored(agents, batch, names, shared=False)
-    shared_lp, shared_g = scored(agents, batch, names, shared=True)
-    lp_diff = float((shared_lp - plain_lp).abs().max())
-    pairs = list(zip(shared_g, plain_g, strict=True))
-    rel = [float((s - p).norm() / p.norm().clamp_min(1e-30)) for s, p in pairs]
+def compare(a: tuple, b: tuple, tol: dict) -> dict[str, Any]:
+    (a_lp, a_g), (b_lp, b_g) = a, b
+    lp_diff = float((a_lp - b_lp).abs().max())
+    pairs = list(zip(a_g, b_g, strict=True))
+    rel = [float((x - y).norm() / y.norm().clamp_min(1e-30)) for x, y in pairs]
     result = {
-        "rows": len(prompts),
         "max_logprob_diff": lp_diff,
         "max_grad_rel_l2": max(rel),
         "grads_elementwise_allclose_as_tests": all(
-            bool(torch.allclose(s, p, atol=1e-5, rtol=1e-4)) for s, p in pairs
+            bool(torch.allclose(x, y, atol=1e-5, rtol=1e-4)) for x, y in pairs
         ),
-        "grads_nonzero": all(bool(g.abs().sum() > 0) for g in plain_g),
+        "grads_nonzero": all(bool(g.abs().sum() > 0) for g in b_g),
     }
     # All-zero gradients would make the comparison vacuous.
     result["ok"] = result["grads_nonzero"] and lp_diff <= tol["logprob_atol"]
     result["ok"] = result["ok"] and max(rel) <= tol["grad_rel_l2"]
+    return result
+
+
+def check_scoring(agents: list[LLMAgent], vocab: int, tol: dict) -> dict[str, Any]:
+    """Prefix-shared against the plain pass; with two adapter agents, rows alternating between
+    them in one mixed pass, also against each agent scoring its own rows alone."""
+    prompts, completions = scoring_rows(agents[0], vocab)
+    batch = build_batch(prompts, completions, agents[0].pad_token_id).to(agents[0].device)
+    names = None
+    if len(agents) > 1:
+        names = [agents[i % len(agents)].adapter for i in range(len(prompts))]
+    plain = scored(agents, batch, names, shared=False)
+    result: dict[str, Any] = {
+        "rows": len(prompts),
+        "prefix_shared_vs_plain": compare(scored(agents, batch, names, shared=True), plain, tol),
+    }
+    if names is not None:
+        alone = scored(agents, batch, "alone", shared=False)
+        result["mixed_vs_each_adapter_alone"] = compare(plain, alone, tol)
+    result["ok"] = all(v["ok"] for v in result.values() if isinstance(v, dict))
     return result
 
 
@@ -183,8 +209,8 @@ def run_equalities(size: Size, tokenizer: Any, device: str, dtype: torch.dtype) 
     result = {
         "tolerances": {"adapters": tol, "full_model": full_tol},
         "mixed_adapter_generation": check_generation(agents, tokens, tol),
-        "mixed_adapter_scoring": check_scoring(agents, ["agent_0", "agent_1"], vocab, tol),
-        "full_model_scoring": check_scoring([full], None, vocab, full_tol),
+        "mixed_adapter_scoring": check_scoring(agents, vocab, tol),
+        "full_model_scoring": check_scoring([full], vocab, full_tol),
     }
     result["failures"] = [
         f"equality failed: {key} {value}"

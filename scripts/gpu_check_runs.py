@@ -76,6 +76,17 @@ def build_trainer(
     )
 
 
+def weight_dtypes(trainer: MAGRPOTrainer) -> dict[str, list[str]]:
+    """The dtypes of the weights the agents train and of the rest (a shared base)."""
+    trained = {id(p): p for a in trainer.agents for p in a.trainable_parameters()}
+    models = {id(a.model): a.model for a in trainer.agents}.values()
+    frozen = [p for m in models for p in m.parameters() if id(p) not in trained]
+    return {
+        "trained": sorted({str(p.dtype).removeprefix("torch.") for p in trained.values()}),
+        "frozen": sorted({str(p.dtype).removeprefix("torch.") for p in frozen}),
+    }
+
+
 def one_round(trainer: MAGRPOTrainer, metrics: list[dict[str, float]]) -> Callable[[], None]:
     def run() -> None:
         if trainer.epoch >= trainer.args.num_train_epochs:
@@ -195,6 +206,8 @@ def train_team(
             "agents": team.agents,
             "adapters": team.adapters,
             "weights_dtype": str(compute).removeprefix("torch."),
+            "weight_dtypes": weight_dtypes(trainer),
+            "base_dtype_expected": str(dtype).removeprefix("torch.") if team.adapters else None,
             "rounds": len(metrics),
             "parameters_moved": moved(before, trainer),
             "metrics_finite": finite(metrics),
@@ -237,6 +250,12 @@ def team_failures(name: str, result: dict[str, Any]) -> list[str]:
     for i, agent in enumerate(result["parameters_moved"]):
         if agent["share_changed"] == 0:
             failures.append(f"{name}: agent {i}'s parameters did not move")
+    dtypes = result["weight_dtypes"]
+    if dtypes["trained"] != ["float32"]:
+        failures.append(f"{name}: trained weights are {dtypes['trained']}, not float32")
+    expected = result["base_dtype_expected"]
+    if expected is not None and dtypes["frozen"] != [expected]:
+        failures.append(f"{name}: the shared base is {dtypes['frozen']}, not {expected}")
     if not result["metrics_finite"]:
         failures.append(f"{name}: a metric is not finite: {result['last_metrics']}")
     return failures
