@@ -13,9 +13,10 @@ run cut short still leaves what it measured:
 3. ``equalities``: mixed-adapter generation and prefix-shared scoring against the plain path
    (``gpu_check_equal.py``, its tolerances stated there and in the JSON).
 4. ``teams``: short MAGRPO runs through the public API (2 and 4 LoRA adapters on one base, 2 full
-   models, all on ``--device``; ``gpu_check_runs.py``): parameters moved, metrics finite,
-   completion tokens per second and the share of peak for generation and the update apart, peak
-   memory, and on CUDA the host syncs per optimizer step.
+   models, all on ``--device``; ``gpu_check_runs.py``): parameters moved, metrics finite, the
+   dtypes of the trained and frozen weights, completion tokens per second and the share of peak
+   for generation and the update apart, peak memory, and on CUDA the host syncs per optimizer
+   step.
 
 Models have random weights (the speed does not depend on them), so nothing is downloaded. On CUDA
 the base weights are bf16 and adapters fp32; full models train in fp32 (the library keeps trainable
