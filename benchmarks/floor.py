@@ -18,7 +18,11 @@ pays one-time costs such as AdamW's state allocation).
 
 Prints the floor's seconds per round, ours (the whole ``train()`` call, and the round alone:
 ``collect_tree`` plus ``learner.update``) and the ratio to the floor (target: within 1.2x), in
-wall seconds and in process CPU seconds (the figure to trust on a shared machine).
+wall seconds and in process CPU seconds (the figure to trust on a shared machine). Then the share
+of the machine's peak each reaches (``benchmarks/peak.py``): FLOPs of a round (counted in one
+more round of each, after the timed ones) over the fastest timed round's process CPU seconds,
+against an fp32 matrix multiply timed the same way in the same run at the same threads;
+generation and the update apart.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from peak import RoundMeter, format_shares, matmul_peak
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cmlrl_env import tasks
@@ -198,6 +203,34 @@ def floor_models(model_dir: str, lora: bool) -> tuple[list, list[torch.optim.Opt
     return [model], [torch.optim.AdamW(group, lr=1e-4) for group in params]
 
 
+def round_meters() -> dict[str, RoundMeter]:
+    """A meter per timed call, in process CPU seconds; generation is transformers' ``generate``
+    in the floor and our agents' ``generate_rows`` in ours."""
+    from transformers.generation.utils import GenerationMixin
+
+    from cmlrl_agents import LLMAgent
+
+    ours = [(LLMAgent, "generate_rows")]
+    return {
+        "floor": RoundMeter("cpu", [(GenerationMixin, "generate")], clock=time.process_time),
+        "train": RoundMeter("cpu", ours, clock=time.process_time),
+        "round": RoundMeter("cpu", ours, clock=time.process_time),
+    }
+
+
+def report_shares(peak: float, meters: dict[str, RoundMeter]) -> dict[str, dict]:
+    """The share of the matmul peak per timed call, generation and update apart."""
+    print(
+        f"share of the fp32 matmul peak ({peak / 1e9:.1f} GFLOP per CPU second at "
+        f"{torch.get_num_threads()} threads, this run; rounds and peak in process CPU seconds):"
+    )
+    shares = {}
+    for name, meter in meters.items():
+        shares[name] = meter.figures(peak)
+        print(f"  {name:6s} {format_shares(shares[name], per='CPU s')}")
+    return shares
+
+
 def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[str, float]) -> None:
     print(
         f"{args.setup}: 2 agents, G=4, {args.items} items, {args.tokens} forced tokens, "
@@ -215,7 +248,9 @@ def report(args: argparse.Namespace, times: dict[str, list[float]], best: dict[s
         )
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """The best seconds of each timed call (``floor``, ``train``, ``round``) and, under
+    ``share``, their share of the matmul peak (``benchmarks/peak.py``)."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -230,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     items = [dict(row) for row in data]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     models, optimizers = floor_models(model_dir, args.setup == "lora")
+    peak, meters = matmul_peak("cpu", torch.float32, clock=time.process_time), round_meters()
     with tempfile.TemporaryDirectory() as out:
         trainer = build_ours(model_dir, data, args.tokens, out, args.setup == "lora")
         times: dict[str, list[float]] = {"floor": [], "train": [], "round": []}
@@ -251,19 +287,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             )
             trainer.learner.update(tree)
 
+        calls = {
+            "floor": lambda: floor_round(models, optimizers, tokenizer, items, 4, args.tokens),
+            "train": one_train,
+            "round": one_round,
+        }
         for _ in range(args.repeats):
-            times["floor"].append(
-                timed(
-                    lambda: floor_round(models, optimizers, tokenizer, items, 4, args.tokens),
-                    "floor",
-                )
-            )
-            times["train"].append(timed(one_train, "train"))
-            times["round"].append(timed(one_round, "round"))
+            for name, call in calls.items():
+                times[name].append(timed(lambda m=meters[name], c=call: m.time(c), name))
+        for name, call in calls.items():  # after the timed rounds: counting slows every op
+            meters[name].count(call)
         trainer.close()
     best = {name: min(values) for name, values in times.items()}
     report(args, times, best)
-    return best
+    return {**best, "share": report_shares(peak, meters)}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,14 @@ Each run is a fresh child process (the reference in a throwaway virtualenv), tim
     python benchmarks/vs_comlrl.py --turns 2 --items 4
     python benchmarks/vs_comlrl.py --turns 1 --items 2 --tokens 16 --setups lora   # a quick look
 
-Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios.
+Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios;
+for ours also the share of the machine's peak (``benchmarks/peak.py``): the FLOPs of the training
+run, counted in one more epoch over the same items after the timed one (2 turns: the second
+turn's prompts hold the sampled text, so that epoch's prompts are as long only on average), over
+the timed run's process CPU seconds, against an fp32 matrix multiply timed the same way in the
+same child process at the same threads; generation (our agents' ``generate_rows`` calls) and the
+update (from the end of each round's last generation to its last optimizer step) apart. The
+reference's rounds are not split (its generation and update are not reachable from outside).
 Notes: the reference never applies a chat template, so ours runs with ``chat_template=False``
 here for equal prompt lengths; with SmolLM2's tokenizer (pad == eos) the reference hands its
 reward ``''`` (bug B1) but still does the same forward/backward work.
@@ -29,6 +36,7 @@ import textwrap
 from pathlib import Path
 
 # The throwaway-virtualenv and child-process helpers are shared with benchmarks/learning.py.
+from peak import format_shares
 from reference_env import reference_python
 from reference_env import run_child as run
 
@@ -49,9 +57,11 @@ COMMON = textwrap.dedent("""
         train = first(tasks.feedback_dataset(), items)
         task = dict(reward_func=tasks.feedback_ratio_reward,
                     external_transition=tasks.length_feedback)
-    def report(seconds, rollouts):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
-        print("RESULT " + json.dumps({"seconds": seconds, "items": items,
+    def peak_rss():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    def report(seconds, rollouts, share=None, peak=None):
+        peak = peak_rss() if peak is None else peak
+        print("RESULT " + json.dumps({"seconds": seconds, "items": items, "share": share,
                                       "tokens": rollouts * 2 * tokens, "peak_gb": peak}))
 """)
 
@@ -69,9 +79,17 @@ OURS = COMMON + textwrap.dedent("""
         config.agent_learning_rate = 1e-4  # a LoRA rate; the work per step is the same
     trainer = MAGRPOTrainer(agent_model=model, train_dataset=train, args=config,
                             model_config={"chat_template": False}, peft_config=peft, **task)
+    sys.path.insert(0, spec["benchmarks"])
+    from peak import RoundMeter, matmul_peak
+    from cmlrl_agents import LLMAgent
+    meter = RoundMeter("cpu", [(LLMAgent, "generate_rows")], clock=time.process_time)
     start = time.perf_counter()
-    trainer.train()
-    report(time.perf_counter() - start, trainer.env_step)
+    meter.time(trainer.train)
+    seconds, rollouts, peak = time.perf_counter() - start, trainer.env_step, peak_rss()
+    config.num_train_epochs += 1  # the same items again, FLOPs counted (slow: not timed)
+    meter.count(trainer.train)
+    share = meter.figures(matmul_peak("cpu", torch.float32, clock=time.process_time))
+    report(seconds, rollouts, share, peak)
 """)
 
 REFERENCE_RUN = COMMON + textwrap.dedent("""
@@ -110,7 +128,7 @@ def main() -> None:
         f"{args.items} items, {args.threads} threads"
     )
     header = f"{'turns':>5} {'library':>12} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
-    print(header)
+    print(header + "  share of the fp32 matmul peak (ours)")
     for turns in args.turns:
         with tempfile.TemporaryDirectory() as out:
             spec = {
@@ -119,6 +137,7 @@ def main() -> None:
                 "tokens": args.tokens,
                 "model": model,
                 "out": out,
+                "benchmarks": str(Path(__file__).resolve().parent),
             }
             results = {"comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads)}
             for setup in args.setups:
@@ -127,7 +146,8 @@ def main() -> None:
         for name, r in results.items():
             print(
                 f"{turns:>5} {name:>12} {r['seconds'] / r['items']:>8.2f} "
-                f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}"
+                f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}  "
+                + (format_shares(r["share"], per="CPU s") if r["share"] else "not split")
             )
         ref = results["comlrl"]
         for setup in args.setups:

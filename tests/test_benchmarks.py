@@ -4,12 +4,14 @@ are asserted: benchmarks are outside the test suite's claims)."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 
@@ -20,7 +22,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def bench():
     sys.path.insert(0, str(BENCHMARKS))  # the scripts import their shared helper module
     try:
-        yield {name: importlib.import_module(name) for name in ("floor", "learning", "vs_comlrl")}
+        names = ("floor", "learning", "vs_comlrl", "peak")
+        yield {name: importlib.import_module(name) for name in names}
     finally:
         sys.path.remove(str(BENCHMARKS))
 
@@ -98,6 +101,91 @@ def test_vs_comlrl_uses_the_shared_helpers(bench) -> None:
     assert bench["vs_comlrl"].run is helpers.run_child
 
 
+class _Generator:
+    def generate(self, depth: int = 0) -> torch.Tensor:
+        inner = self.generate(depth + 1) if depth < 2 else None  # nested: counted once
+        return torch.ones(4, 8) @ torch.ones(8, 3) if inner is None else inner
+
+
+class _Child(_Generator):
+    pass
+
+
+def test_the_round_meter_tells_generation_from_the_update(bench) -> None:
+    peak = bench["peak"]
+    meter = peak.RoundMeter("cpu", [(_Child, "generate")])
+    parameter = torch.nn.Parameter(torch.ones(2, 5))
+    optimizer = torch.optim.SGD([parameter], lr=0.1)
+
+    def round_fn() -> None:
+        _Child().generate()  # a 4x8 @ 8x3 product: 2 * 4 * 8 * 3 = 192 FLOPs
+        (parameter @ torch.ones(5, 7)).sum().backward()  # 2 * 2 * 5 * 7 = 140 forward
+        optimizer.step()  # and backward: d(parameter) = grad @ ones(5, 7).T, 140 more
+
+    meter.count(round_fn)
+    assert (meter.flops.generation, meter.flops.update, meter.flops.total) == (192, 280, 472)
+    assert meter.flops.generate_calls == 1  # the two nested calls are inside the first
+    meter.time(round_fn)
+    best = meter.best()
+    assert best.generate_calls == 1 and 0 < best.generation + best.update <= best.total
+    # Wrapping an inherited method leaves the subclass inheriting it again afterwards.
+    assert "generate" not in _Child.__dict__ and _Child.generate is _Generator.generate
+    figures = meter.figures(peak=1e12)
+    assert figures["update"]["flops"] == 280
+    assert figures["round"]["share_of_peak"] == 472 / best.total / 1e12
+
+
+def test_the_round_meter_times_each_update_from_its_generation_to_its_last_step(bench) -> None:
+    """A clock that reads 0, 1, 2, ...: two rounds of generate, step, step inside one timed
+    call, then logging (no step) before the end."""
+    ticks = itertools.count()
+    meter = bench["peak"].RoundMeter("cpu", [(_Child, "generate")], clock=lambda: next(ticks))
+    parameter = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([parameter], lr=0.1)
+    parameter.grad = torch.ones(2)
+
+    def two_rounds() -> None:
+        for _ in range(2):
+            _Child().generate()
+            optimizer.step()
+            optimizer.step()
+
+    meter.time(two_rounds)
+    # began 0 | generate 1..2 | steps end 3, 4 | generate 5..6 (update 4 - 2) | steps end 7, 8
+    # | round ends 9 (update 8 - 6)
+    (totals,) = meter.seconds
+    assert (totals.generation, totals.update, totals.total) == (2, 4, 9)
+    assert totals.generate_calls == 2
+
+
+def test_the_round_meter_refuses_a_round_without_generation(bench) -> None:
+    peak = bench["peak"]
+    meter = peak.RoundMeter("cpu", [(_Child, "generate")])
+    meter.count(lambda: torch.ones(2, 2) @ torch.ones(2, 2))
+    meter.time(lambda: None)
+    with pytest.raises(RuntimeError, match="no call of \\['_Child.generate'\\] was seen"):
+        meter.figures(peak=1.0)
+    with pytest.raises(AttributeError, match="_Child has no method 'sample'"):
+        peak.RoundMeter("cpu", [(_Child, "sample")]).count(lambda: None)
+
+
+def test_vs_comlrl_reports_our_share_of_the_peak(bench, tmp_path: Path) -> None:
+    """Our child program on a tiny model: its timed run, then the share of the matmul peak of
+    generation and the update, from FLOPs counted in one more epoch over the same items."""
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    spec = {"turns": 1, "items": 2, "tokens": 3, "setup": "lora", "benchmarks": str(BENCHMARKS)}
+    spec |= {"model": str(tmp_path / "model"), "out": str(tmp_path / "run")}
+    result = bench["vs_comlrl"].run(sys.executable, bench["vs_comlrl"].OURS, spec, 1)
+    assert result["items"] == 2 and result["seconds"] > 0
+    assert result["tokens"] == 2 * 4 * 2 * 3  # items x G x agents x forced tokens
+    share = result["share"]
+    assert set(share) == {"generation", "update", "round"}
+    assert all(0 < share[p]["share_of_peak"] < 1 for p in share)
+    assert share["generation"]["flops"] + share["update"]["flops"] == share["round"]["flops"]
+
+
 @pytest.mark.parametrize("setup", ["full", "lora"])
 def test_floor_runs_one_round_of_each_on_a_tiny_model(
     bench, tmp_path: Path, capsys, setup: str
@@ -107,10 +195,24 @@ def test_floor_runs_one_round_of_each_on_a_tiny_model(
     tokenizer.save_pretrained(tmp_path)
     argv = ["--model", str(tmp_path), "--items", "2", "--tokens", "3", "--repeats", "1"]
     best = bench["floor"].main([*argv, "--setup", setup])
-    assert set(best) == {"floor", "train", "round"}
-    assert all(seconds > 0 for seconds in best.values())
+    assert set(best) == {"floor", "train", "round", "share"}
+    assert all(best[name] > 0 for name in ("floor", "train", "round"))
     out = capsys.readouterr().out
     assert "x the floor" in out and out.startswith(f"{setup}: 2 agents")
+    # The share of the matmul peak, per timed call, generation and the update apart: each
+    # phase did matrix work in some of the time it took, and the two add up to the round's
+    # FLOPs (its seconds also hold the trainer's logging, in neither phase).
+    assert "share of the fp32 matmul peak" in out
+    for name in ("floor", "train", "round"):
+        phases = best["share"][name]
+        assert set(phases) == {"generation", "update", "round"}
+        for figures in phases.values():
+            assert figures["flops"] > 0 and 0 < figures["seconds"]
+            assert 0 < figures["share_of_peak"] < 1
+        flops = phases["generation"]["flops"] + phases["update"]["flops"]
+        assert flops == phases["round"]["flops"]
+        seconds = phases["generation"]["seconds"] + phases["update"]["seconds"]
+        assert seconds <= phases["round"]["seconds"]
 
 
 def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
