@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sampling=trainer.agent_sampling,
                 backend=trainer.generation_backend,
             )
-            trainer.learner.update(tree)
+            trainer.learner.update(trainer.learner.batch(tree))
 
         calls = {
             "floor": lambda: floor_round(models, optimizers, tokenizer, items, 4, args.tokens),

@@ -14,8 +14,9 @@ standard error. Each evaluation draws from the run's one eval sampling key: all 
 same eval noise and training does not depend on how often it is evaluated, so a curve in rounds
 is the same on a loaded and a quiet machine; only its seconds change. ``--program all10`` trains
 on the seed's 10 prompts and evaluates on the same 10 (the out-of-the-box measurement of
-``benchmarks/defaults.py``); the default trains on the 8-item split and evaluates the 2 others. From the curve it prints the issue's two targets: the training time
-at which ours first reaches comlrl's final reward, and our reward at comlrl's training time
+``benchmarks/defaults.py``); the default trains on the 8-item split and evaluates the 2 others.
+From the curve it prints the issue's two targets: the training time at which ours first reaches
+comlrl's final reward, and our reward at comlrl's training time
 (``--match-comlrl-time`` or ``--budget-seconds`` stop ours there, ``--epochs`` is then the most
 it trains; both are CPU seconds, which equal wall seconds on one quiet thread).
 
