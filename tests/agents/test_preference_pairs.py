@@ -73,7 +73,7 @@ def test_a_comparator_that_raises_is_named_and_its_key_redacted():
         raise ConnectionError(f"POST https://judge.example/v1?key={secret} refused")
 
     labeler = PairLabeler(selection="all", judge=judge, name="comparator HTTPJudge")
-    with pytest.raises(ConnectionError, match="refused") as err:  # its own type, kept
+    with pytest.raises(ConnectionError) as err:  # the judge's own exception type, kept
         labeler.label([("a",), ("b",)], [0.0, 0.0], {}, "item 0")
     assert secret not in str(err.value) and REDACTED in str(err.value)
     assert "raised by the comparator HTTPJudge while judging item 0" in err.value.__notes__[0]
