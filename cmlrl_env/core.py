@@ -20,11 +20,14 @@ from cmlrl_env.formatters import Formatter, Formatters
 from cmlrl_env.rewards import RewardFunction, RewardProcessor, apply_processor
 from cmlrl_env.transitions import Transition
 
-__all__ = ["EpisodeState", "Outcome", "Task", "DEFAULT_EARLY_TERMINATION_THRESHOLD"]
+__all__ = ["EpisodeState", "MAX_AGENTS", "Outcome", "Task", "DEFAULT_EARLY_TERMINATION_THRESHOLD"]
 
 # Seed semantics (SPEC §6): a branch ends early when its reward exceeds the threshold. The
 # default ends every branch after turn 1 for non-negative rewards; it is kept, and warned about.
 DEFAULT_EARLY_TERMINATION_THRESHOLD = -0.2
+
+MAX_AGENTS = 1024
+"""The largest team an env accepts (see ``_resolve_num_agents`` for why a bound at all)."""
 
 
 @dataclass(frozen=True)
@@ -286,5 +289,14 @@ def _resolve_num_agents(formatters: object, num_agents: int | None) -> int:
             )
         if len(formatters) == 0:
             raise ValueError("formatters is an empty list; give one formatter per agent.")
-        return len(formatters)
-    return 2 if num_agents is None else num_agents
+        num_agents = len(formatters)
+    num_agents = 2 if num_agents is None else num_agents
+    if num_agents > MAX_AGENTS:
+        raise ValueError(
+            f"num_agents={num_agents} is more than MAX_AGENTS={MAX_AGENTS}. Each agent is an LLM "
+            "policy that answers at every turn, holds its own weights or adapter and optimizer "
+            "state, and adds a positional argument to every reward call; a team this large is "
+            "almost always a mistake (a dataset size, a token count or num_generations given "
+            "as num_agents). Give the team size: one formatter per agent, or num_agents=N."
+        )
+    return num_agents
