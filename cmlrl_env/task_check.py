@@ -158,8 +158,8 @@ def check_task(
         return rec.finish()
     task.early_termination_threshold = None  # bound and checked above; now play every turn
     joint = _joint_actions(sample_completions, task.num_agents)
-    for index, item in items:
-        _check_item(task, index, item, joint, early_termination_threshold, rec)
+    for n, (index, item) in enumerate(items):
+        _check_item(task, index, item, joint, early_termination_threshold, rec, show=n == 0)
     return rec.finish()
 
 
@@ -227,7 +227,10 @@ def _check_item(
     joint: list[tuple[str, ...]],
     threshold: float | None,
     rec: _Recorder,
+    *,
+    show: bool = False,
 ) -> None:
+    """Play every turn of one item; ``show``: add its later turns' prompts to the report."""
     prompts = [
         rec.attempt(
             f"item {index}, formatter of agent_{a}",
@@ -257,9 +260,44 @@ def _check_item(
         if turn == 1:
             _check_reward_consistency(task, index, item, joint, [o.raw_reward for o in flat], rec)
             _warn_if_collapsed(task, index, [o.reward for o in flat], threshold, rec)
+        if show and flat[0].next_state is not None:
+            _show_next_prompts(task, states[0], joint[0], flat[0].next_state, rec)
         states = [o.next_state for o in flat if o.next_state is not None][: len(joint)]
         if not states:
             return
+
+
+def _show_next_prompts(
+    task: Task, state: EpisodeState, action: tuple[str, ...], after: EpisodeState, rec: _Recorder
+) -> None:
+    """What each agent reads at the next turn of the first branch, and whether its formatter
+    changed the transition's prompt (it applies to every turn's prompt, not only the first)."""
+    assert task.transition is not None  # a next state exists only with a transition
+    raw = rec.attempt(
+        f"item {state.item_index}, turn {after.turns_played + 1}, the transition again",
+        lambda: task.transition(  # type: ignore[misc]
+            state.item,
+            action,
+            prompt_history=state.prompt_history,
+            response_history=after.response_history,
+            item_index=state.item_index,
+        ),
+    )
+    for a, prompt in enumerate(after.prompts):
+        if raw is None:
+            how = ""
+        elif raw[a] == prompt:
+            how = " (the transition's prompt as it returned it)"
+        else:
+            how = f" (the transition's prompt after agent_{a}'s formatter)"
+        rec.checked.append(
+            f"item {state.item_index}, turn {after.turns_played + 1}, agent_{a} reads "
+            f"{_head(prompt)}{how}"
+        )
+
+
+def _head(text: str, limit: int = 160) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f" ... ({len(text)} chars)"
 
 
 def _check_reward_consistency(

@@ -222,15 +222,49 @@ def test_check_task_plays_every_turn_of_the_two_turn_seed_task() -> None:
         num_items=2,
     )
     assert report.ok and report.warnings == ()
-    assert [line.split(":")[0] for line in report.checked] == [
+    assert [line.split(":")[0].split(" reads")[0] for line in report.checked] == [
         "item 0",
         "item 0, turn 1",
+        "item 0, turn 2, agent_0",  # the first item's turn-2 prompts are shown
+        "item 0, turn 2, agent_1",
         "item 0, turn 2",
         "item 1",
         "item 1, turn 1",
         "item 1, turn 2",
     ]
-    assert report.checked[2].startswith("item 0, turn 2: 36 rewards from")
+    assert report.checked[4].startswith("item 0, turn 2: 36 rewards from")
+    # the first joint sample is ("", "Hi"): 0 and 2 characters
+    assert report.checked[2] == (
+        "item 0, turn 2, agent_0 reads 'Describe a city in the clouds:\\n\\nYour last answer had "
+        "0 characters. The second answer was 2.0 times as long as the first; the goal is 2 to 3 "
+        "times. Please write ' ... (179 chars) (the transition's prompt as it "
+        "returned it)"
+    )
+
+
+def test_check_task_shows_a_formatter_wrapping_the_transitions_prompt() -> None:
+    def quiz(item: dict) -> str:
+        return f"Write one quiz question about {item['prompt']}"
+
+    def echo(prompt: str, agent_completions: list[str], num_agents: int) -> list[str]:
+        return [f"You asked: {c}" for c in agent_completions]
+
+    report = check_task(
+        Dataset.from_dict({"prompt": ["owls"]}),
+        quiz,
+        lambda c1, c2: [float(len(a) < len(b)) for a, b in zip(c1, c2, strict=True)],
+        num_turns=2,
+        external_transition=echo,
+        early_termination_threshold=None,
+        sample_completions=[["Who?", "What?"], ["Why?", "Where?"]],
+        num_items=1,
+    )
+    assert report.checked[2:4] == (
+        "item 0, turn 2, agent_0 reads 'Write one quiz question about You asked: Who?' (the "
+        "transition's prompt after agent_0's formatter)",
+        "item 0, turn 2, agent_1 reads 'Write one quiz question about You asked: Why?' (the "
+        "transition's prompt after agent_1's formatter)",
+    )
 
 
 def test_check_task_warns_when_the_default_threshold_collapses_multi_turn() -> None:

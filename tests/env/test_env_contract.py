@@ -248,6 +248,8 @@ def test_formatter_with_external_prompts_receives_the_transitions_prompt() -> No
         return f"[{external_prompts}] {item['prompt']}"
 
     env = three_turn_env(RecordingTransition(), formatter)
+    assert received == [None, None]  # item 0's prompts, formatted when the env was built
+    received.clear()
     obs, _ = env.reset()
     assert obs["agent_0"] == "[None] p0"
     obs, *_ = env.step({"agent_0": "a", "agent_1": "b"})
