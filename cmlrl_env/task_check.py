@@ -79,6 +79,8 @@ class _Recorder:
     warnings: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     first_error: BaseException | None = None
+    constant: dict[float, list[int]] = field(default_factory=dict)
+    """The items on which the reward gave one value to every sample, by value."""
     _warned: set[str] = field(default_factory=set)
 
     def warn_once(self, key: str, message: str) -> None:
@@ -160,7 +162,24 @@ def check_task(
     joint = _joint_actions(sample_completions, task.num_agents)
     for n, (index, item) in enumerate(items):
         _check_item(task, index, item, joint, early_termination_threshold, rec, show=n == 0)
+    for value, indices in rec.constant.items():
+        rec.warnings.append(_constant_warning(task.reward.name, value, indices, sample_completions))
     return rec.finish()
+
+
+def _constant_warning(name: str, value: float, indices: list[int], samples: object) -> str:
+    """One warning for every item on which the reward gave ``value`` to every sample."""
+    where = f"item {indices[0]}" if len(indices) == 1 else f"items {', '.join(map(str, indices))}"
+    head = f"{where}: reward_func {name} gave {value} to every sample joint response"
+    if samples is not None:
+        return f"{head}; check that it reads the completions."
+    return (
+        f"{head}. The samples are check_task's generic ones (empty, short, non-ASCII and random "
+        "text), not answers to the task: a reward that only credits real attempts (tests that "
+        "pass, a length band) gives them all one value, and then this is expected. If it should "
+        "tell them apart, check that it reads the completions; sample_completions=[...] checks "
+        "it on answers of your own."
+    )
 
 
 def _first_items(dataset: Any, num_items: int) -> list[tuple[int, dict[str, Any]]]:
@@ -333,10 +352,7 @@ def _check_reward_consistency(
             "its own joint response."
         )
     if len(joint) > 1 and len(set(group)) == 1:
-        rec.warnings.append(
-            f"{where}: reward_func {task.reward.name} gave {group[0]} to every "
-            "sample joint response; check that it reads the completions."
-        )
+        rec.constant.setdefault(group[0], []).append(index)
 
 
 def _warn_if_collapsed(

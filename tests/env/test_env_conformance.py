@@ -391,10 +391,30 @@ def test_check_task_warns_about_rewards_that_look_unintended() -> None:
     def constant(c1: list[str], c2: list[str]) -> list[float]:
         return [0.5] * len(c1)
 
-    report = check_task(feedback_dataset(), None, constant, num_items=1)
+    name = "test_check_task_warns_about_rewards_that_look_unintended.<locals>.constant"
+    report = check_task(
+        feedback_dataset(), None, constant, num_items=1, sample_completions=["a", "b"]
+    )
     assert report.warnings == (
-        "item 0: reward_func test_check_task_warns_about_rewards_that_look_unintended.<locals>."
-        "constant gave 0.5 to every sample joint response; check that it reads the completions.",
+        f"item 0: reward_func {name} gave 0.5 to every sample joint response; check that it "
+        "reads the completions.",
+    )
+
+
+def test_a_reward_constant_on_the_generic_samples_gets_one_warning_that_says_why() -> None:
+    # A reward that credits only on-task answers (as the shipped code and writing rewards do)
+    def on_task(c1: list[str], c2: list[str]) -> list[float]:
+        return [float(a.startswith("def ")) for a in c1]
+
+    report = check_task(feedback_dataset(), None, on_task, num_items=3)
+    name = "test_a_reward_constant_on_the_generic_samples_gets_one_warning_that_says_why.<locals>"
+    assert report.warnings == (
+        f"items 0, 1, 2: reward_func {name}.on_task gave 0.0 to every sample joint response. "
+        "The samples are check_task's generic ones (empty, short, non-ASCII and random text), "
+        "not answers to the task: a reward that only credits real attempts (tests that pass, a "
+        "length band) gives them all one value, and then this is expected. If it should tell "
+        "them apart, check that it reads the completions; sample_completions=[...] checks it "
+        "on answers of your own.",
     )
 
 
