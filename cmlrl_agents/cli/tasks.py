@@ -318,8 +318,8 @@ def check_task_section(task: TaskSection, config: Any) -> tuple[str, bool]:
         lines.append("FAILED: " + "; ".join(failed))
     elif warned:
         lines.append(
-            f"OK: the task passes every check; the {warned} warning(s) above flag what works "
-            "but may not be meant (none of them stops training)."
+            f"OK: the task passes every check. The {warned} warning(s) above flag what works "
+            "but may not be meant; none of them stops training."
         )
     else:
         lines.append("OK: the task passes every check.")

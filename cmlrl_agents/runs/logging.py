@@ -37,6 +37,7 @@ from cmlrl_agents.runs.metric_files import (
     open_metric_files,
     rewrite_metric_files,
 )
+from cmlrl_agents.runs.progress import ProgressBar
 from cmlrl_agents.runs.redaction import redact_secrets
 
 __all__ = ["WANDB_CONFIG_KEYS", "MetricsLogger", "ProgressBar"]
@@ -318,28 +319,3 @@ class MetricsLogger:
             self._run = wandb.init(config=self.config, reinit="create_new", **kwargs)
             self._wandb_run_id = getattr(self._run, "id", None) or run_id
         return self._run
-
-
-class ProgressBar:
-    """A tqdm bar over task items that prints nothing when `verbose` is False."""
-
-    def __init__(
-        self, total: int | None, *, verbose: bool, desc: str = "", unit: str = "item"
-    ) -> None:
-        self._bar = tqdm(total=total, desc=desc, unit=unit, disable=not verbose, dynamic_ncols=True)
-
-    def update(self, n: int = 1, postfix: Mapping[str, float] | None = None) -> None:
-        """Advance by `n` items and show `postfix` (e.g. `{"reward": 0.41}`) beside the bar."""
-        if postfix:
-            shown = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in postfix.items()}
-            self._bar.set_postfix(shown, refresh=False)
-        self._bar.update(n)
-
-    def close(self) -> None:
-        self._bar.close()
-
-    def __enter__(self) -> ProgressBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -31,6 +31,7 @@ from cmlrl_agents.runs.metrics import reward_postfix
 from cmlrl_agents.runs.plotting import plot_metrics
 from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_agents.runs.run_dirs import default_run_dir, foreign_checkpoints, model_name, new_run_id
+from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer_checks import (
     check_agent_sampling,
     check_given_task,
@@ -313,6 +314,7 @@ class TeamTrainer(RunMixin):
     def _start_run(self, resume: Path | None) -> None:
         """Seed, build the schedule, then start fresh or load ``resume``'s state; write the
         run's config and apply the learning rates (every trainer's ``train`` begins so)."""
+        apply_num_threads(self.args.num_threads)
         if self.args.seed is not None:
             set_seed(self.args.seed)  # python, numpy, torch (and CUDA)
         self._prepare_schedule()
