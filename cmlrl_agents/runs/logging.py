@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import operator
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,7 @@ class MetricsLogger:
         if self.verbose:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items())
             tqdm.write(f"eval @ env_step {step}: {shown}")
+            sys.stdout.flush()  # a log file or notebook sees the line now, not at the end
 
     def flush(self) -> None:
         """Emit pending training entries (call at the end of training)."""

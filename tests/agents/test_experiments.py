@@ -22,7 +22,7 @@ TRAIN_KEYS = {
     *("turn_1/reward_mean", "turn_1/expected_return", "loss", "grad_norm"),
     *(f"agent_{a}/{k}" for a in (0, 1) for k in ("loss", "grad_norm", "turn_1/expected_return")),
 }
-EVAL_KEYS = {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+EVAL_KEYS = {"eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_1/reward_sem"}
 LOCAL_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "eval-metrics.json", "rewards.png")
 
 

@@ -3,10 +3,14 @@ default instead of nothing."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 from datasets import Dataset
 
 from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
+from cmlrl_agents.runs.logging import MetricsLogger
 from cmlrl_agents.testing import tiny_agent
 
 
@@ -40,3 +44,26 @@ def test_train_prints_progress_and_eval_lines_without_a_terminal(tmp_path, capsy
     ]
     assert "left; turn_1=" in progress[0]
     assert sum(line.startswith("eval @ env_step") for line in lines) == 2  # before 0 and 2
+
+
+class RecordingStream(io.StringIO):
+    """stdout redirected to a file: what was flushed is what a reader of the log sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = ""
+
+    def flush(self) -> None:
+        self.seen = self.getvalue()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_eval_lines_reach_a_log_file_at_once(monkeypatch) -> None:
+    stream = RecordingStream()
+    monkeypatch.setattr(sys, "stdout", stream)
+    logger = MetricsLogger(None, logging_steps=1)
+    assert logger.verbose == "lines"
+    logger.log_eval({"eval/turn_1/reward_mean": 0.5}, step=4)
+    assert stream.seen == "eval @ env_step 4: eval/turn_1/reward_mean=0.5\n"
