@@ -55,24 +55,31 @@ def test_text_space_keeps_texts_checks_of_its_bounds(bad: Any) -> None:
         TextSpace(bad)
 
 
-def test_a_team_of_max_agents_builds() -> None:
-    assert MAX_AGENTS == 1024
-    assert len(team(MAX_AGENTS).possible_agents) == MAX_AGENTS
+def test_a_team_of_2000_builds_in_a_few_megabytes() -> None:
+    tracemalloc.start()
+    try:
+        env = team(2000)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(env.possible_agents) == 2000 and held < 4_000_000  # was ~61 MB
 
 
 @pytest.mark.parametrize("num_agents", [MAX_AGENTS + 1, 10**6])
 def test_a_larger_team_is_refused_with_the_bound_and_why(num_agents: int) -> None:
+    assert MAX_AGENTS == 10_000
     with pytest.raises(ValueError) as error:
         team(num_agents)
     message = str(error.value)
-    assert f"num_agents={num_agents} is more than MAX_AGENTS=1024" in message
+    assert f"num_agents={num_agents} is more than MAX_AGENTS=10000" in message
+    assert "Every agent answers at every turn" in message
     assert "almost always a mistake" in message
 
 
 def test_a_formatter_list_beyond_the_bound_is_refused_too() -> None:
     dataset = Dataset.from_dict({"prompt": ["p0"]})
-    with pytest.raises(ValueError, match="num_agents=1025 is more than MAX_AGENTS"):
-        CoMLRLEnv(dataset, [lambda item: item["prompt"]] * 1025, any_reward)
+    with pytest.raises(ValueError, match="num_agents=10001 is more than MAX_AGENTS"):
+        CoMLRLEnv(dataset, [lambda item: item["prompt"]] * 10_001, any_reward)
 
 
 def test_a_reward_that_does_not_fit_a_big_team_gets_a_short_example() -> None:
