@@ -34,6 +34,7 @@ always a mistake (a dataset size or a token count given as ``num_agents``), and 
 the env or trainer is built rather than found out by memory or time (the env alone holds under
 1 KB per agent before any reset)."""
 
+
 @dataclass(frozen=True)
 class EpisodeState:
     """One branch of an episode before its next turn.
