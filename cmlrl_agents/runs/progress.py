@@ -44,6 +44,7 @@ class ProgressBar:
         self._done = 0
         self._base: tuple[float, int] | None = None  # (time, items) after the first update
         self._printed_at: float | None = None
+        self._printed_done = -1  # the items shown by the last line
         self._postfix: dict[str, Any] = {}
 
     def update(self, n: int = 1, postfix: Mapping[str, float] | None = None) -> None:
@@ -67,7 +68,7 @@ class ProgressBar:
 
     def _print(self, now: float) -> None:
         assert self._base is not None
-        self._printed_at = now
+        self._printed_at, self._printed_done = now, self._done
         since, base = self._base
         line = progress_line(self._desc, self._done, self._total, now - self._start)
         if self._total is not None and self._done > base and self._done < self._total:
@@ -77,10 +78,8 @@ class ProgressBar:
         print(line + (f"; {extra}" if extra else ""), flush=True)
 
     def close(self) -> None:
-        if self._lines and self._printed_at is not None:
-            now = self._clock()
-            if now != self._printed_at:
-                self._print(now)  # the final state, unless it was just printed
+        if self._lines and self._printed_at is not None and self._done != self._printed_done:
+            self._print(self._clock())  # the final state, unless the last line showed it
         self._bar.close()
 
     def __enter__(self) -> ProgressBar:

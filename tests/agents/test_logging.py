@@ -290,6 +290,17 @@ def test_progress_lines_come_after_the_first_round_then_at_most_once_a_minute(ca
     ]
 
 
+def test_the_last_progress_line_is_not_printed_twice(capsys):
+    now = [0.0]
+    bar = ProgressBar(4, verbose="lines", desc="magrpo", clock=lambda: now[0])
+    bar.update(0)
+    now[0] = 100.0
+    bar.update(4)  # the end, shown at once
+    now[0] = 101.0
+    bar.close()
+    assert capsys.readouterr().out == "magrpo: 4/4 items (100%) in 1.7 min\n"
+
+
 def test_progress_lines_estimate_a_resumed_run_from_its_own_pace(capsys):
     now = [0.0]
     bar = ProgressBar(10, verbose="lines", desc="magrpo", clock=lambda: now[0])
