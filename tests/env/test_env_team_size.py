@@ -23,16 +23,22 @@ def team(num_agents: int) -> CoMLRLEnv:
     return CoMLRLEnv(dataset, lambda item: item["prompt"], any_reward, num_agents=num_agents)
 
 
-def test_an_agent_costs_the_env_under_2_kb_before_any_reset() -> None:
+def held_by_a_team(num_agents: int) -> int:
+    """Bytes still allocated after building an env of ``num_agents`` agents."""
     team(2)  # imports and caches outside the measurement
     tracemalloc.start()
     try:
-        env = team(1000)
+        env = team(num_agents)
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(env.possible_agents) == 1000
+    assert len(env.possible_agents) == num_agents
+    return held
+
+
+def test_an_agent_costs_the_env_under_2_kb_before_any_reset() -> None:
     # Each agent's two spaces used to rebuild Gymnasium Text's tables: ~30 KB per agent.
+    held = held_by_a_team(1000)
     assert held / 1000 < 2_000, f"{held / 1000:.0f} bytes per agent"
 
 
@@ -56,13 +62,7 @@ def test_text_space_keeps_texts_checks_of_its_bounds(bad: Any) -> None:
 
 
 def test_a_team_of_2000_builds_in_a_few_megabytes() -> None:
-    tracemalloc.start()
-    try:
-        env = team(2000)
-        held, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert len(env.possible_agents) == 2000 and held < 4_000_000  # was ~61 MB
+    assert held_by_a_team(2000) < 4_000_000  # was ~61 MB
 
 
 @pytest.mark.parametrize("num_agents", [MAX_AGENTS + 1, 10**6])
