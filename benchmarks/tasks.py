@@ -61,7 +61,7 @@ def headline(metrics: dict[str, float]) -> str:
 
 
 def run(name: str, run_file: str, overrides: dict[str, object], out: Path) -> str:
-    from cmlrl_agents.cli.commands import build_trainer, plan
+    from cmlrl_agents.cli.plan import build_trainer, plan
     from cmlrl_agents.cli.tasks import apply_overrides, load_spec
 
     sets = {**overrides, "config.output_dir": str(out / run_file), "config.verbose": False}

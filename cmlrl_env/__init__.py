@@ -9,7 +9,13 @@ from cmlrl_env.conformance import (
     check_task,
     check_text_contract,
 )
-from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, EpisodeState, Outcome, Task
+from cmlrl_env.core import (
+    DEFAULT_EARLY_TERMINATION_THRESHOLD,
+    MAX_AGENTS,
+    EpisodeState,
+    Outcome,
+    Task,
+)
 from cmlrl_env.dataset import TaskSource
 from cmlrl_env.env import CoMLRLEnv
 from cmlrl_env.formatters import Formatters, default_formatter
@@ -26,6 +32,7 @@ __all__ = [
     "DEFAULT_EARLY_TERMINATION_THRESHOLD",
     "EpisodeState",
     "Formatters",
+    "MAX_AGENTS",
     "Outcome",
     "RewardFunction",
     "RewardProcessors",

@@ -20,11 +20,19 @@ from cmlrl_env.formatters import Formatter, Formatters
 from cmlrl_env.rewards import RewardFunction, RewardProcessor, apply_processor
 from cmlrl_env.transitions import Transition
 
-__all__ = ["EpisodeState", "Outcome", "Task", "DEFAULT_EARLY_TERMINATION_THRESHOLD"]
+__all__ = ["EpisodeState", "MAX_AGENTS", "Outcome", "Task", "DEFAULT_EARLY_TERMINATION_THRESHOLD"]
 
 # Seed semantics (SPEC §6): a branch ends early when its reward exceeds the threshold. The
 # default ends every branch after turn 1 for non-negative rewards; it is kept, and warned about.
 DEFAULT_EARLY_TERMINATION_THRESHOLD = -0.2
+
+MAX_AGENTS = 10_000
+"""The largest team an env accepts. Every agent answers at every turn: the env calls its
+formatter, checks its completion and gives the reward one list per agent at each step, and an LLM
+agent holds weights (or an adapter) and an optimizer state of its own. A larger count is almost
+always a mistake (a dataset size or a token count given as ``num_agents``), and it is refused when
+the env or trainer is built rather than found out by memory or time (the env alone holds under
+1 KB per agent before any reset)."""
 
 
 @dataclass(frozen=True)
@@ -286,5 +294,14 @@ def _resolve_num_agents(formatters: object, num_agents: int | None) -> int:
             )
         if len(formatters) == 0:
             raise ValueError("formatters is an empty list; give one formatter per agent.")
-        return len(formatters)
-    return 2 if num_agents is None else num_agents
+        num_agents = len(formatters)
+    num_agents = 2 if num_agents is None else num_agents
+    if num_agents > MAX_AGENTS:
+        raise ValueError(
+            f"num_agents={num_agents} is more than MAX_AGENTS={MAX_AGENTS}. Every agent answers "
+            "at every turn (a formatter call, a completion and a reward argument each, and an "
+            "LLM agent holds its own weights or adapter and optimizer state), so a team this "
+            "large is almost always a mistake (a dataset size, a token count or num_generations "
+            "given as num_agents). Give the team size: one formatter per agent, or num_agents=N."
+        )
+    return num_agents

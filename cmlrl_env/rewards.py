@@ -27,6 +27,14 @@ __all__ = ["RewardFunction", "RewardProcessors", "RewardProcessor"]
 RewardProcessor = Callable[[float], float]
 
 
+def _example_signature(num_agents: int) -> str:
+    """A reward signature for ``num_agents`` agents, short enough to read for any team size."""
+    if num_agents > 4:
+        return "def reward_func(*completions, batch_items=None)"
+    params = ", ".join(f"c{i + 1}" for i in range(num_agents))
+    return f"def reward_func({params}, *, batch_items=None)"
+
+
 class RewardFunction:
     """A user reward function bound to ``num_agents`` by its signature."""
 
@@ -51,13 +59,13 @@ class RewardFunction:
         required = [p for p in positional if p.default is p.empty]
         has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
         if len(required) > num_agents or (not has_varargs and len(positional) < num_agents):
-            names = ", ".join(p.name for p in positional) or "none"
+            names = ", ".join(p.name for p in positional[:8]) or "none"
+            if len(positional) > 8:
+                names += ", ..."
             raise TypeError(
                 f"reward_func {self.name} takes {len(positional)} positional completion "
                 f"parameter(s) ({names}) but the env has {num_agents} agent(s); it must accept one "
-                "list of completions per agent, e.g. def reward_func("
-                + ", ".join(f"c{i + 1}" for i in range(num_agents))
-                + ", *, batch_items=None)."
+                f"list of completions per agent, e.g. {_example_signature(num_agents)}."
             )
         extra = [
             p.name

@@ -49,13 +49,26 @@ BYTES_PER_CHAR = 4  # UTF-8 encodes any code point in at most 4 bytes
 _PAD = 0xFF  # never a byte of UTF-8 (nor of surrogatepass output)
 
 
+# Gymnasium's ``Text`` builds a set, a tuple, an index dict of NumPy ints and a sorted string of
+# its charset in every instance: about 15 KB for the 100 printable characters, so 30 KB per agent
+# of an env (two spaces each). Every ``TextSpace`` has the same charset, so they share one copy
+# (``Text`` only reads these tables); each keeps its own bounds and sampling generator.
+_PRINTABLE_TABLES = {
+    name: value
+    for name, value in vars(spaces.Text(1, min_length=0, charset=string.printable)).items()
+    if name.startswith("_char")
+}
+
+
 class TextSpace(spaces.Text):
     """Any Unicode string of ``min_length`` to ``max_length`` characters (not tokens)."""
 
     def __init__(
         self, max_length: int = DEFAULT_MAX_CHARS, *, min_length: int = 0, seed: int | None = None
     ) -> None:
-        super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
+        # A one-character charset keeps Text's own checks of the bounds and seed, at no cost.
+        super().__init__(max_length, min_length=min_length, charset="x", seed=seed)
+        self.__dict__.update(_PRINTABLE_TABLES)
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length

@@ -79,6 +79,8 @@ class _Recorder:
     warnings: list[str] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     first_error: BaseException | None = None
+    constant: dict[float, list[int]] = field(default_factory=dict)
+    """The items on which the reward gave one value to every sample, by value."""
     _warned: set[str] = field(default_factory=set)
 
     def warn_once(self, key: str, message: str) -> None:
@@ -158,9 +160,26 @@ def check_task(
         return rec.finish()
     task.early_termination_threshold = None  # bound and checked above; now play every turn
     joint = _joint_actions(sample_completions, task.num_agents)
-    for index, item in items:
-        _check_item(task, index, item, joint, early_termination_threshold, rec)
+    for n, (index, item) in enumerate(items):
+        _check_item(task, index, item, joint, early_termination_threshold, rec, show=n == 0)
+    for value, indices in rec.constant.items():
+        rec.warnings.append(_constant_warning(task.reward.name, value, indices, sample_completions))
     return rec.finish()
+
+
+def _constant_warning(name: str, value: float, indices: list[int], samples: object) -> str:
+    """One warning for every item on which the reward gave ``value`` to every sample."""
+    where = f"item {indices[0]}" if len(indices) == 1 else f"items {', '.join(map(str, indices))}"
+    head = f"{where}: reward_func {name} gave {value} to every sample joint response"
+    if samples is not None:
+        return f"{head}; check that it reads the completions."
+    return (
+        f"{head}. The samples are check_task's generic ones (empty, short, non-ASCII and random "
+        "text), not answers to the task: a reward that only credits real attempts (tests that "
+        "pass, a length band) gives them all one value, and then this is expected. If it should "
+        "tell them apart, check that it reads the completions; sample_completions=[...] checks "
+        "it on answers of your own."
+    )
 
 
 def _first_items(dataset: Any, num_items: int) -> list[tuple[int, dict[str, Any]]]:
@@ -227,7 +246,10 @@ def _check_item(
     joint: list[tuple[str, ...]],
     threshold: float | None,
     rec: _Recorder,
+    *,
+    show: bool = False,
 ) -> None:
+    """Play every turn of one item; ``show``: add its later turns' prompts to the report."""
     prompts = [
         rec.attempt(
             f"item {index}, formatter of agent_{a}",
@@ -257,9 +279,44 @@ def _check_item(
         if turn == 1:
             _check_reward_consistency(task, index, item, joint, [o.raw_reward for o in flat], rec)
             _warn_if_collapsed(task, index, [o.reward for o in flat], threshold, rec)
+        if show and flat[0].next_state is not None:
+            _show_next_prompts(task, states[0], joint[0], flat[0].next_state, rec)
         states = [o.next_state for o in flat if o.next_state is not None][: len(joint)]
         if not states:
             return
+
+
+def _show_next_prompts(
+    task: Task, state: EpisodeState, action: tuple[str, ...], after: EpisodeState, rec: _Recorder
+) -> None:
+    """What each agent reads at the next turn of the first branch, and whether its formatter
+    changed the transition's prompt (it applies to every turn's prompt, not only the first)."""
+    assert task.transition is not None  # a next state exists only with a transition
+    raw = rec.attempt(
+        f"item {state.item_index}, turn {after.turns_played + 1}, the transition again",
+        lambda: task.transition(  # type: ignore[misc]
+            state.item,
+            action,
+            prompt_history=state.prompt_history,
+            response_history=after.response_history,
+            item_index=state.item_index,
+        ),
+    )
+    for a, prompt in enumerate(after.prompts):
+        if raw is None:
+            how = ""
+        elif raw[a] == prompt:
+            how = " (the transition's prompt as it returned it)"
+        else:
+            how = f" (the transition's prompt after agent_{a}'s formatter)"
+        rec.checked.append(
+            f"item {state.item_index}, turn {after.turns_played + 1}, agent_{a} reads "
+            f"{_head(prompt)}{how}"
+        )
+
+
+def _head(text: str, limit: int = 160) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f" ... ({len(text)} chars)"
 
 
 def _check_reward_consistency(
@@ -295,10 +352,7 @@ def _check_reward_consistency(
             "its own joint response."
         )
     if len(joint) > 1 and len(set(group)) == 1:
-        rec.warnings.append(
-            f"{where}: reward_func {task.reward.name} gave {group[0]} to every "
-            "sample joint response; check that it reads the completions."
-        )
+        rec.constant.setdefault(group[0], []).append(index)
 
 
 def _warn_if_collapsed(

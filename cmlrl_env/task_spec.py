@@ -22,6 +22,7 @@ from typing import Any
 
 from datasets import Dataset, IterableDataset
 
+from cmlrl_env._errors import add_context
 from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD, Task
 from cmlrl_env.dataset import TaskSource
 from cmlrl_env.formatters import Formatter
@@ -61,7 +62,10 @@ class TaskSpec:
         if self.dataset is not None:
             self.source()  # the dataset's and item_order's checks
         # The pieces' checks; the resolved team size is kept, so num_agents is always an int.
-        object.__setattr__(self, "num_agents", self.task().num_agents)
+        task = self.task()
+        object.__setattr__(self, "num_agents", task.num_agents)
+        if isinstance(self.dataset, Dataset):
+            _check_first_item(task, self.dataset)
 
     def task(self) -> Task:
         """A fresh ``Task`` over the spec's pieces (the pure core of the env's group step)."""
@@ -86,3 +90,18 @@ class TaskSpec:
     def replace(self, **changes: Any) -> TaskSpec:
         """A copy with ``changes`` applied, validated again."""
         return dataclasses.replace(self, **changes)
+
+
+def _check_first_item(task: Task, dataset: Dataset) -> None:
+    """Build the first item's prompts now, so that a dataset the formatters cannot read (no
+    ``prompt`` column for the default formatter, a misspelt field) fails when the env or trainer
+    is built, not at the first ``reset()`` or rollout. A stream is not read here: reading it
+    could use up a one-shot stream."""
+    try:
+        task.initial_state(dict(dataset[0]), 0)
+    except Exception as exc:  # the formatter's own error, with its item and fields
+        raise add_context(
+            exc,
+            f"checked when the task was built, on item 0 of the dataset (columns "
+            f"{dataset.column_names}); fix the dataset's columns or the formatters.",
+        ) from None

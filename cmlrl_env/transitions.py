@@ -22,6 +22,11 @@ class Transition:
     along the branch, ``prompt_history_per_agent[agent][turn]`` and
     ``response_history_per_agent[agent][turn]`` (both include the turn just played), when the
     function accepts them (by name or ``**kwargs``). It returns one prompt per agent.
+
+    Each returned prompt then goes through that agent's formatter, as a task item's prompt does
+    at turn 1: it replaces ``item["prompt"]`` in a copy of the item (``Formatters.format``). A
+    formatter that wraps ``item["prompt"]`` in an instruction therefore wraps it too; one that
+    takes ``external_prompts`` can return the transition's prompt unchanged.
     """
 
     def __init__(self, func: Callable[..., Any], num_agents: int) -> None:

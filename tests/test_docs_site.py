@@ -40,7 +40,9 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_holds_the_guides_notebooks_and_tasks(site):
-    for page in ("env", "experiments", "design", "rollout-tree", "tasks"):
+    for page in ("env", "experiments", "design", "rollout-tree", "tasks", "training"):
+        assert (site / page / "index.html").is_file(), page
+    for page in ("benchmarks", "comlrl", "distributed", "preference"):
         assert (site / page / "index.html").is_file(), page
     for notebook in sorted((ROOT / "examples" / "notebooks").glob("*.ipynb")):
         html = (site / "notebooks" / notebook.stem / "index.html").read_text("utf-8")

@@ -26,3 +26,16 @@ def test_the_commands_match_ci():
     assert f"```bash\n{test_command}\n```" in text
     assert ci.strip().endswith(test_command)
     assert "```bash\nbash scripts/setup.sh && python examples/length_ratio.py\n```" in text
+
+
+def test_the_readme_is_a_newcomers_page() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 250  # the detail lives in docs/
+    for outside in ("SPEC", "seed 00", "B1", "survey", "the issue"):
+        assert outside not in text, outside
+    assert not re.findall(r"`[0-9a-f]{7}`", text)  # no commit hashes
+    # each command with how long it takes, and the fast subset of the tests
+    assert "main job" in text and "about 14 minutes" in text and "about 13 minutes" in text
+    assert 'python -m pytest -q -m "not slow"' in text
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (README.parent / link).is_file(), link

@@ -43,6 +43,7 @@ from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
 from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
+from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer import TeamTrainer
 from cmlrl_agents.runs.trainer_checks import resume_target, train_kwargs_error
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
@@ -166,6 +167,7 @@ class MARLHFTrainer(PreferenceTrainer):
         if unsupported:
             raise train_kwargs_error(unsupported)
         resume = resume_target(resume_from_checkpoint)
+        apply_num_threads(self.args.num_threads)
         if self.args.seed is not None:
             set_seed(self.args.seed)
         if resume is None:  # refuse another run's RL checkpoints before any pair is built

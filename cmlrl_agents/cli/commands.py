@@ -19,32 +19,16 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# The run file's plan (sections checked, trainer built) lives in cli/plan.py; re-exported here.
-from cmlrl_agents.cli.adapters import describe_peft, load_adapter_folders
-from cmlrl_agents.cli.plan import (
-    ALGORITHMS,
-    BUILTIN_MODELS,
-    MODEL_KEYS,
-    Plan,
-    build_trainer,
-    plan,
-)
-from cmlrl_agents.cli.tasks import (
-    CLIError,
-    apply_overrides,
-    check_task_section,
-    load_spec,
-    one_line,
-    task_from_flags,
-)
-from cmlrl_agents.runs.checkpoint import latest_checkpoint
-from cmlrl_agents.runs.config import SharedConfig
-from cmlrl_agents.runs.plotting import plot_metrics, plot_run
-from cmlrl_agents.runs.run_dirs import foreign_checkpoints
+from cmlrl_agents.cli.spec import CLIError, apply_overrides, load_spec, one_line
 
-__all__ = ["ALGORITHMS", "BUILTIN_MODELS", "MODEL_KEYS", "Plan", "build_trainer", "main", "plan"]
+# Each command imports what it needs when it runs, so that `cmlrl --help` and a usage error
+# answer at once, and `cmlrl check` loads no model library (torch, transformers, peft).
+if TYPE_CHECKING:
+    from cmlrl_agents.runs.config import SharedConfig
+
+__all__ = ["main"]
 
 _USER_ERRORS = (ValueError, TypeError, ImportError, FileNotFoundError, AttributeError)
 
@@ -65,7 +49,9 @@ def _read(args: argparse.Namespace) -> dict[str, Any]:
     spec = load_spec(args.config) if args.config else {}
     if args.config:  # a run file's `module:function` paths may name modules beside it
         _add_to_path(Path(args.config).resolve().parent)
-    return apply_overrides(spec, args.set)
+    threads = getattr(args, "threads", None)
+    extra = [] if threads is None else [f"config.num_threads={threads}"]
+    return apply_overrides(spec, [*args.set, *extra])
 
 
 def _add_to_path(folder: Path) -> None:
@@ -77,6 +63,9 @@ def _add_to_path(folder: Path) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from cmlrl_agents.cli.plan import build_trainer, plan
+    from cmlrl_agents.runs.plotting import plot_metrics
+
     with _user_errors(args.debug):
         p = plan(_read(args), source=args.config)
         _check_run_folder(p.config, args.resume)  # before any model is loaded
@@ -130,6 +119,10 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from cmlrl_agents.cli.adapters import load_adapter_folders
+    from cmlrl_agents.cli.plan import build_trainer, plan
+    from cmlrl_agents.runs.threads import apply_num_threads
+
     with _user_errors(args.debug):
         p = plan(_read(args), source=args.config)
         checkpoint, agent_dirs, run_dir = _evaluated_weights(args.checkpoint, p.config)
@@ -151,6 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
         if n < 1:
             raise CLIError(f"--num-eval-samples must be >= 1, got {n}.")
+    apply_num_threads(p.config.num_threads)  # train() applies it; evaluation alone here
     try:
         metrics = trainer.evaluate_items(n)
     finally:
@@ -162,6 +156,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _check_run_folder(config: SharedConfig, resume: str | None) -> None:
     """``--resume`` names a checkpoint that exists; a fresh run does not land in another's."""
+    from cmlrl_agents.runs.run_dirs import foreign_checkpoints
+
     if resume == "latest":
         _latest(config)
     elif resume is not None:
@@ -181,6 +177,8 @@ def _check_run_folder(config: SharedConfig, resume: str | None) -> None:
 
 
 def _latest(config: SharedConfig) -> Path:
+    from cmlrl_agents.runs.checkpoint import latest_checkpoint
+
     if config.output_dir is None:
         raise CLIError(
             "'latest' needs config.output_dir: the run folder whose checkpoints/ to use."
@@ -218,6 +216,10 @@ def _evaluated_weights(
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from cmlrl_agents.cli.adapters import describe_peft
+    from cmlrl_agents.cli.plan import plan
+    from cmlrl_agents.cli.tasks import check_task_section, task_from_flags
+
     with _user_errors(args.debug):
         spec = _read(args)
         flags = {
@@ -233,6 +235,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from cmlrl_agents.runs.plotting import plot_run
+
     with _user_errors(args.debug):
         paths = plot_run(args.run_dir, output=args.output)
     print("\n".join(str(p) for p in paths))
@@ -255,6 +259,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SECTION.KEY=VALUE",
         help="override a run-file value (a YAML scalar), e.g. config.agent_learning_rate=1e-5",
+    )
+    overrides.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="PyTorch's CPU threads (config.num_threads); default: PyTorch's, one per core",
     )
     train = commands.add_parser("train", parents=[overrides], help="train, evaluate, plot")
     train.add_argument("config", help="the YAML run file")

@@ -7,9 +7,7 @@ live in :mod:`cmlrl_agents.cli.commands`.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +22,19 @@ from cmlrl_agents.cli.tasks import (
     build_task,
     check_keys,
 )
-from cmlrl_agents.policies.build import MODEL_CONFIG_KEYS
+from cmlrl_agents.policies.model_keys import MODEL_CONFIG_KEYS
 from cmlrl_agents.runs.config import SharedConfig
-from cmlrl_agents.runs.logging import WANDB_CONFIG_KEYS
+from cmlrl_agents.runs.logging_config import WANDB_CONFIG_KEYS
 
 __all__ = [
     "ALGORITHMS",
     "BUILTIN_MODELS",
+    "CONFIGS",
+    "TRAINER_TAKES",
     "MODEL_KEYS",
     "Plan",
     "build_trainer",
+    "config_class",
     "plan",
     "trainer_class",
 ]
@@ -48,6 +49,28 @@ ALGORITHMS = {
     "maac": "cmlrl_agents.algorithms.actor_critic:MAACTrainer",
     "magrpo_centralized": "cmlrl_agents.algorithms.centralized:CentralizedMAGRPOTrainer",
 }
+# Each algorithm's config class, imported without its trainer: `cmlrl check` reads the config
+# section without loading torch (a test checks each against its trainer's config_class).
+CONFIGS = {
+    "magrpo": "cmlrl_agents.algorithms.magrpo_config:MAGRPOConfig",
+    "mareinforce": "cmlrl_agents.algorithms.magrpo_config:MAREINFORCEConfig",
+    "maremax": "cmlrl_agents.algorithms.magrpo_config:MAReMaxConfig",
+    "marloo": "cmlrl_agents.algorithms.magrpo_config:MARLOOConfig",
+    "iac": "cmlrl_agents.algorithms.actor_critic_config:IACConfig",
+    "maac": "cmlrl_agents.algorithms.actor_critic_config:MAACConfig",
+    "magrpo_centralized": "cmlrl_agents.algorithms.centralized:CentralizedMAGRPOConfig",
+}
+# The trainer keywords a run file can fill beyond the team and task (its task's callbacks, a
+# critic), per algorithm: the run file's fit is checked without importing the trainer (a test
+# compares them with the trainers' signatures).
+_GRPO_TAKES = ("eval_logger", "eval_aggregator")
+_CRITIC_TAKES = ("metrics_callback", "critic_model")
+TRAINER_TAKES = {
+    **dict.fromkeys(("magrpo", "mareinforce", "maremax", "marloo"), _GRPO_TAKES),
+    "iac": _CRITIC_TAKES,
+    "maac": _CRITIC_TAKES,
+    "magrpo_centralized": _GRPO_TAKES,
+}
 # Algorithms that train one model for every role of the task.
 SINGLE_POLICY_ALGORITHMS = ("magrpo_centralized",)
 BUILTIN_MODELS = ("tiny", "smollm2")
@@ -56,9 +79,18 @@ MODEL_KEYS = ("name_or_path", "critic_name_or_path", *MODEL_CONFIG_KEYS)
 
 def trainer_class(name: Any) -> type:
     """The trainer registered under ``name`` (imported now)."""
-    if name not in ALGORITHMS:
-        raise CLIError(f"unknown algorithm {name!r}; valid: {', '.join(ALGORITHMS)}.")
-    module, _, attr = ALGORITHMS[name].partition(":")
+    return _registered(ALGORITHMS, name)
+
+
+def config_class(name: Any) -> type[SharedConfig]:
+    """The config class of algorithm ``name``, imported without its trainer."""
+    return _registered(CONFIGS, name)
+
+
+def _registered(table: Mapping[str, str], name: Any) -> Any:
+    if name not in table:
+        raise CLIError(f"unknown algorithm {name!r}; valid: {', '.join(table)}.")
+    module, _, attr = table[name].partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
@@ -70,7 +102,6 @@ class Plan:
     """A validated run file, before any model is loaded."""
 
     algorithm: str
-    trainer_class: type
     config: SharedConfig
     task: TaskSection
     model: dict[str, Any] | None
@@ -78,15 +109,20 @@ class Plan:
     peft: Any = None
     """The trainers' ``peft_config``: a ``peft.LoraConfig``, one per agent, or None."""
 
+    @property
+    def trainer_class(self) -> type:
+        """The algorithm's trainer (imported on first use, with torch)."""
+        return trainer_class(self.algorithm)
+
 
 def plan(spec: Mapping[str, Any], *, need_model: bool = True, source: str = "the run file") -> Plan:
     """Check every section of ``spec`` (read from ``source``, named in errors) and resolve the
     task; loads no model."""
     check_keys(spec, SECTIONS, "section")
     algorithm = spec.get("algorithm", "magrpo")
-    cls = trainer_class(algorithm)
+    cls = config_class(algorithm)
     task = build_task(spec.get("task"))
-    config = _config(cls.config_class, spec.get("config"), task.config_defaults)
+    config = _config(cls, spec.get("config"), task.config_defaults)
     wandb = spec.get("wandb")
     if wandb is False:
         wandb = None
@@ -95,7 +131,7 @@ def plan(spec: Mapping[str, Any], *, need_model: bool = True, source: str = "the
             raise CLIError(f"wandb must be a mapping (or null to turn W&B off), got {wandb!r}.")
         check_keys(wandb, WANDB_CONFIG_KEYS, "wandb key")
     model = _model_section(spec.get("model")) if need_model or "model" in spec else None
-    p = Plan(algorithm, cls, config, task, model, None if wandb is None else dict(wandb))
+    p = Plan(algorithm, config, task, model, None if wandb is None else dict(wandb))
     p.peft = peft_section(spec.get("peft"), source, _model_count(p))
     _check_fit(p)
     return p
@@ -110,7 +146,7 @@ def _model_count(p: Plan) -> int:
 
 def _check_fit(p: Plan) -> None:
     """Refuse task callbacks and critics that the algorithm would not use."""
-    params = inspect.signature(p.trainer_class).parameters
+    params = TRAINER_TAKES[p.algorithm]
     for name in p.task.callbacks:
         if name not in params:
             takes = [c for c in TRAINER_CALLBACKS if c in params]
@@ -125,9 +161,7 @@ def _check_fit(p: Plan) -> None:
 def _config(cls: type[SharedConfig], section: Any, defaults: Mapping[str, Any]) -> SharedConfig:
     if section is not None and not isinstance(section, Mapping):
         raise CLIError(f"config must be a mapping of {cls.__name__} fields, got {section!r}.")
-    valid = [f.name for f in dataclasses.fields(cls)]
-    check_keys(section or {}, valid, f"config field of {cls.__name__}")
-    try:
+    try:  # an unknown field is refused by the config itself, naming TRL's names' counterparts
         return cls(**{**defaults, **(section or {})})
     except (TypeError, ValueError) as exc:
         raise CLIError(f"config: {exc}") from None
@@ -208,7 +242,7 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
 
 
 def _num_critics(p: Plan, num_agents: int) -> int:
-    if "critic_model" not in inspect.signature(p.trainer_class).parameters:
+    if "critic_model" not in TRAINER_TAKES[p.algorithm]:
         return 0
     if p.algorithm == "maac":
         return 1

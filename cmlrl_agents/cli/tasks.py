@@ -296,9 +296,11 @@ def check_task_section(task: TaskSection, config: Any) -> tuple[str, bool]:
     # problem of its report, where building the spec first would stop at the first one.
     keywords = task.keywords(config)
     options = {name: keywords.pop(name) for name in TASK_SPEC_OPTIONS if name in keywords}
-    lines, failed = [], []
+    lines, failed, warned = [], [], 0
     try:
-        lines.append(str(check_task(**keywords)))
+        report = check_task(**keywords)
+        lines.append(str(report))
+        warned = len(report.warnings)
     except TaskCheckError as exc:
         lines.append(str(exc.report))
         failed.append(f"check_task found {len(exc.report.problems)} problem(s)")
@@ -312,5 +314,13 @@ def check_task_section(task: TaskSection, config: Any) -> tuple[str, bool]:
     except (ConformanceError, TaskCheckError) as exc:
         lines.append(f"check_env: {exc}")
         failed.append(f"check_env failed in {getattr(exc, 'check', 'a check')}")
-    lines.append("FAILED: " + "; ".join(failed) if failed else "OK: the task passes every check.")
+    if failed:
+        lines.append("FAILED: " + "; ".join(failed))
+    elif warned:
+        lines.append(
+            f"OK: the task passes every check. The {warned} warning(s) above flag what works "
+            "but may not be meant; none of them stops training."
+        )
+    else:
+        lines.append("OK: the task passes every check.")
     return "\n".join(lines), not failed

@@ -18,19 +18,9 @@ import torch
 
 from cmlrl_agents.policies.adapters import attach_adapters, check_peft_config, same_device
 from cmlrl_agents.policies.agent import LLMAgent
+from cmlrl_agents.policies.model_keys import MODEL_CONFIG_KEYS
 
 __all__ = ["MODEL_CONFIG_KEYS", "resolve_num_agents", "build_agents"]
-
-MODEL_CONFIG_KEYS = (
-    "dtype",
-    "torch_dtype",
-    "device",
-    "gguf_file",
-    "chat_template",
-    "system_prompt",
-    "model_kwargs",
-    "cache_dir",
-)
 
 
 def resolve_num_agents(**sources: int | None) -> int:

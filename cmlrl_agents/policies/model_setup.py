@@ -40,6 +40,7 @@ logger = logging.getLogger("cmlrl_agents.policies.agent")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SENTINEL = "\x00CMLRL-PROMPT\x00"
 _logged_formats: set[str] = set()
+_warned_system_turn = False
 
 
 def fp32_master_weights(model: nn.Module) -> torch.dtype | None:
@@ -180,10 +181,18 @@ class ChatFormat:
         )
 
     def log_once(self) -> None:
-        """Log :meth:`describe` once per distinct format and process (a warning when the
-        template adds a system turn, since that changes what the model is told)."""
+        """Log :meth:`describe` at INFO once per distinct format and process; when the template
+        adds a system turn (it changes what the model is told), also one short warning per
+        process, not one per trainer, model or notebook cell."""
+        global _warned_system_turn
         text = self.describe()
-        if text in _logged_formats:
-            return
-        _logged_formats.add(text)
-        logger.log(logging.WARNING if self.adds_system_turn else logging.INFO, text)
+        if text not in _logged_formats:
+            _logged_formats.add(text)
+            logger.info(text)
+        if self.adds_system_turn and not _warned_system_turn:
+            _warned_system_turn = True
+            logger.warning(
+                f"The tokenizer's chat template adds a system turn to every prompt: "
+                f"{self.head!r:.72}...; model_config={{'system_prompt': ...}} replaces it, "
+                "{'chat_template': False} turns the template off."
+            )

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from torch import device as torch_device
+from cmlrl_agents.runs.config_names import unknown_field_message
 
 __all__ = ["ValidatedConfig", "SharedConfig"]
 
@@ -38,6 +38,14 @@ class ValidatedConfig:
     _ready = False
     _fixed: dict[str, str] = {}  # noqa: RUF012 - replaced per instance by fix_fields
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Before the dataclass __init__, whose TypeError would not say what to write instead.
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        for name in kwargs:
+            if name not in names:
+                raise TypeError(unknown_field_message(cls, name))
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         self.validate()
         object.__setattr__(self, "_ready", True)
@@ -47,10 +55,7 @@ class ValidatedConfig:
             object.__setattr__(self, name, value)
             return
         if name not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
-            raise AttributeError(
-                f"{type(self).__name__} has no field {name!r}; valid fields: "
-                f"{sorted(f.name for f in fields(self))}."  # type: ignore[arg-type]
-            )
+            raise AttributeError(unknown_field_message(type(self), name))
         old = getattr(self, name)
         if name in self._fixed and value != old:
             raise AttributeError(
@@ -126,6 +131,8 @@ class ValidatedConfig:
         value = getattr(self, name)
         if value is None or value == "auto":
             return
+        from torch import device as torch_device  # here: `cmlrl check` builds configs sans torch
+
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or not items:
             raise TypeError(
@@ -223,8 +230,9 @@ class SharedConfig(ValidatedConfig):
     agent, which peaks at 18.4 GB for SmolLM2-135M in one pass and 4.9 GB in passes of 8.
     None: all in one pass."""
     verbose: bool | None = None
-    """Progress bar and eval lines (None: on in a terminal, or as
-    ``wandb_config["config_sections"]["output"]["verbose"]`` says)."""
+    """Progress and eval lines: True a progress bar, False nothing. None: as
+    ``wandb_config["config_sections"]["output"]["verbose"]`` says, else a bar in a terminal and
+    a progress line after a round, at most one a minute, elsewhere (a notebook, a log file)."""
     save_steps: int = 0
     """Checkpoint every ``save_steps`` training task items and at the end (0: only on request)."""
     save_total_limit: int | None = None
@@ -253,6 +261,11 @@ class SharedConfig(ValidatedConfig):
     agent). Same forms as ``agent_devices``."""
     parallel_training: str | None = None
     """comlrl's switch; only None or "none" (see validate() for why "mp" is refused)."""
+    num_threads: int | None = None
+    """CPU threads of PyTorch, set at the start of ``train()``. None keeps PyTorch's count (one
+    per physical core, or ``OMP_NUM_THREADS``), so runs on one machine repeat exactly; on a
+    machine that other jobs keep busy, fewer threads train much faster, and ``train()`` warns
+    with the count to use (``cmlrl_agents/runs/threads.py``)."""
 
     def validate(self) -> None:
         self._int("num_agents", 1, optional=True)
@@ -306,6 +319,7 @@ class SharedConfig(ValidatedConfig):
         self._check_best()
         self._devices("agent_devices")
         self._devices("reference_devices")
+        self._int("num_threads", 1, optional=True)
         if self.parallel_training not in (None, "none"):
             raise ValueError(
                 f"parallel_training={self.parallel_training!r} (comlrl's threaded model "

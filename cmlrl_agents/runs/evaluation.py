@@ -68,12 +68,19 @@ def collect_eval_trees(
 def mean_eval_metrics(
     trees: list[RolloutTree], threshold: float | None, num_turns: int, discount: float
 ) -> dict[str, float]:
-    """``eval/turn_k/...``: each value of :func:`eval_values` averaged over every tree."""
+    """``eval/turn_k/...``: each value of :func:`eval_values` averaged over every tree, and
+    ``eval/turn_k/reward_sem``, the standard error of ``reward_mean`` (the sample standard
+    deviation over the square root of the count; only from 2 items on), for error bars."""
     sums: dict[str, list[float]] = {}
     for tree in trees:
         for key, value in eval_values(tree, threshold, num_turns, discount).items():
             sums.setdefault(key, []).extend(value)
-    return {f"eval/{k}": float(np.mean(v)) for k, v in sums.items()}
+    metrics = {f"eval/{k}": float(np.mean(v)) for k, v in sums.items()}
+    for key, values in sums.items():
+        if key.endswith("/reward_mean") and len(values) > 1:
+            sem = np.std(values, ddof=1) / np.sqrt(len(values))
+            metrics[f"eval/{key.removesuffix('_mean')}_sem"] = float(sem)
+    return metrics
 
 
 def eval_values(

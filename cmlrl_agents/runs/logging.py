@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import operator
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from cmlrl_agents.runs.metric_files import (
     open_metric_files,
     rewrite_metric_files,
 )
+from cmlrl_agents.runs.progress import ProgressBar
 from cmlrl_agents.runs.redaction import redact_secrets
 
 __all__ = ["WANDB_CONFIG_KEYS", "MetricsLogger", "ProgressBar"]
@@ -179,6 +181,7 @@ class MetricsLogger:
         if self.verbose:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items())
             tqdm.write(f"eval @ env_step {step}: {shown}")
+            sys.stdout.flush()  # a log file or notebook sees the line now, not at the end
 
     def flush(self) -> None:
         """Emit pending training entries (call at the end of training)."""
@@ -329,28 +332,3 @@ class MetricsLogger:
             self._run = wandb.init(config=self.config, reinit="create_new", **kwargs)
             self._wandb_run_id = getattr(self._run, "id", None) or run_id
         return self._run
-
-
-class ProgressBar:
-    """A tqdm bar over task items that prints nothing when `verbose` is False."""
-
-    def __init__(
-        self, total: int | None, *, verbose: bool, desc: str = "", unit: str = "item"
-    ) -> None:
-        self._bar = tqdm(total=total, desc=desc, unit=unit, disable=not verbose, dynamic_ncols=True)
-
-    def update(self, n: int = 1, postfix: Mapping[str, float] | None = None) -> None:
-        """Advance by `n` items and show `postfix` (e.g. `{"reward": 0.41}`) beside the bar."""
-        if postfix:
-            shown = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in postfix.items()}
-            self._bar.set_postfix(shown, refresh=False)
-        self._bar.update(n)
-
-    def close(self) -> None:
-        self._bar.close()
-
-    def __enter__(self) -> ProgressBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cmlrl_agents.runs.progress import LINES
 from cmlrl_agents.runs.redaction import redact_secrets
 
 __all__ = [
@@ -105,10 +106,13 @@ def check_wandb_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def resolve_verbose(verbose: bool | None, sections: Mapping[str, Any]) -> bool:
+def resolve_verbose(verbose: bool | None, sections: Mapping[str, Any]) -> bool | str:
+    """True (a progress bar) or False (silence) as given, in the argument or the W&B
+    ``config_sections``; otherwise a bar in a terminal and progress lines elsewhere (``LINES``:
+    a notebook, a log file), so that a run never goes silent for minutes by default."""
     if verbose is not None:
         return bool(verbose)
     output = sections.get("output")
     if isinstance(output, Mapping) and output.get("verbose") is not None:
         return bool(output["verbose"])
-    return sys.stdout.isatty()
+    return True if sys.stdout.isatty() else LINES

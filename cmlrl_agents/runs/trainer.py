@@ -27,6 +27,7 @@ from cmlrl_agents.runs.logging import ProgressBar
 from cmlrl_agents.runs.metrics import reward_postfix
 from cmlrl_agents.runs.plotting import plot_metrics
 from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer_base import EVAL_KEYS, TrainerBase
 from cmlrl_agents.runs.trainer_checks import (
     resume_target,
@@ -90,8 +91,9 @@ class TeamTrainer(TrainerBase):
         return None if self.env is None else self.env.spec.dataset
 
     def _start_run(self, resume: str | Path | None) -> None:
-        """Seed, build the schedule, then start fresh or load ``resume``'s state; record the
+        """Threads, seed, the schedule, then start fresh or load ``resume``'s state; record the
         config the run uses and apply its learning rates (every trainer's ``train`` begins so)."""
+        apply_num_threads(self.args.num_threads)
         if self.args.seed is not None:
             set_seed(self.args.seed)  # python, numpy, torch (and CUDA)
         self._prepare_schedule()

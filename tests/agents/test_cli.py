@@ -278,7 +278,7 @@ def test_plot_writes_a_png(trained, tmp_path, capsys):
     assert code == 2 and "no metrics.jsonl" in err
 
 
-def test_eval_from_a_checkpoint_repeats_the_final_evaluation(trained, capsys):
+def test_eval_from_a_checkpoint_repeats_the_final_evaluation(trained, capsys, tmp_path):
     # The last checkpoint holds the weights and RNG state the final evaluation started from.
     final = json.loads((trained / "eval-metrics.json").read_text())
     final.pop("env_step")
@@ -290,7 +290,7 @@ def test_eval_from_a_checkpoint_repeats_the_final_evaluation(trained, capsys):
     assert json.loads((trained / "eval" / "eval-metrics.json").read_text())["env_step"] == 8
     code, _, err = run_cli(
         capsys,
-        *("eval", TINY, "--set", "algorithm=marloo"),
+        *("eval", TINY, "--set", "algorithm=marloo", "--output-dir", tmp_path / "ev"),
         *("--checkpoint", trained / "checkpoints" / "checkpoint-4"),
     )
     assert code == 2 and "written by the magrpo trainer, not marloo" in err

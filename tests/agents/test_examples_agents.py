@@ -33,7 +33,9 @@ def test_length_ratio_example_runs_on_a_tiny_model(tmp_path):
     proc = run_length_ratio(tmp_path, "--tiny", "--max-new-tokens", "4", timeout=300)
     assert "eval/turn_1/reward_mean: before" in proc.stdout
     metrics = json.loads((tmp_path / "eval-metrics.json").read_text())
-    assert set(metrics) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    assert set(metrics) == {
+        *("eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_1/reward_sem")
+    }
     assert (tmp_path / "run" / "rewards.png").stat().st_size > 0
     assert (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -25,7 +25,7 @@ TRAIN_KEYS = {
     *(f"completions/{k}" for k in ("length_mean", "length_min", "length_max", "clipped_fraction")),
     "groups/zero_spread_fraction",
 }
-EVAL_KEYS = {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+EVAL_KEYS = {"eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_1/reward_sem"}
 LOCAL_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "eval-metrics.json", "rewards.png")
 
 

@@ -229,18 +229,32 @@ def test_a_prompt_that_already_carries_the_template_is_used_as_it_is():
     assert not agent.chat_format.is_templated("Describe <b>a</b> city.")
 
 
-def test_the_applied_template_is_logged_once_with_how_to_turn_it_off(caplog):
+def test_the_applied_template_is_logged_once_with_how_to_turn_it_off(caplog, monkeypatch):
     model_setup._logged_formats.clear()
+    monkeypatch.setattr(model_setup, "_warned_system_turn", False)
     with caplog.at_level(logging.INFO, logger="cmlrl_agents.policies.agent"):
         tiny_agent(seed=0)
         tiny_agent(seed=1)  # same template: not logged again
     records = [r for r in caplog.records if "chat template" in r.getMessage()]
-    assert len(records) == 1
-    message = records[0].getMessage()
-    assert records[0].levelno == logging.WARNING  # the template adds a system turn
+    assert [r.levelno for r in records] == [logging.INFO, logging.WARNING]
+    message = records[0].getMessage()  # the whole template, at INFO
     assert "<|im_start|>system\\nYou are tiny.<|im_end|>" in message
     assert "The template adds a system turn that no prompt asked for" in message
     assert "model_config={'chat_template': False}" in message
+    # the system turn: one short warning per process
+    assert records[1].getMessage() == (
+        "The tokenizer's chat template adds a system turn to every prompt: "
+        "'<|im_start|>system\\nYou are tiny.<|im_end|>\\n<|im_start|>user\\n'...; "
+        "model_config={'system_prompt': ...} replaces it, {'chat_template': False} turns the "
+        "template off."
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cmlrl_agents.policies.agent"):
+        model_setup._logged_formats.clear()
+        tiny_agent(seed=2)  # another trainer in the same process: no second warning
+    assert [r.levelno for r in caplog.records if "chat template" in r.getMessage()] == [
+        logging.INFO
+    ]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="cmlrl_agents.policies.agent"):
         tiny_agent(seed=0, system_prompt="You are terse.")

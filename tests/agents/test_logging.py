@@ -255,7 +255,8 @@ def test_verbose_comes_from_the_argument_then_config_sections_then_the_tty():
     assert MetricsLogger(None, logging_steps=1, wandb_config=quiet).verbose is False
     assert MetricsLogger(None, logging_steps=1, wandb_config=loud).verbose is True
     assert MetricsLogger(None, logging_steps=1, wandb_config=quiet, verbose=True).verbose is True
-    assert MetricsLogger(None, logging_steps=1).verbose is sys.stdout.isatty()
+    expected = True if sys.stdout.isatty() else "lines"  # a bar, or progress lines in a log
+    assert MetricsLogger(None, logging_steps=1).verbose == expected
 
 
 def test_wandb_is_not_imported_without_wandb_config(tmp_path):
@@ -268,6 +269,45 @@ def test_wandb_is_not_imported_without_wandb_config(tmp_path):
         "assert 'wandb' not in sys.modules, 'wandb was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_progress_lines_come_after_the_first_round_then_at_most_once_a_minute(capsys):
+    now = [0.0]
+    bar = ProgressBar(8, verbose="lines", desc="magrpo", clock=lambda: now[0])
+    bar.update(0)  # the trainers' first call: the items already done
+    for seconds, reward in ((90, 0.41234), (120, 0.5), (180, 0.6), (200, 0.7)):
+        now[0] = seconds
+        bar.update(2, postfix={"turn_1": reward})
+    bar.close()
+    captured = capsys.readouterr()
+    assert captured.err == ""  # no bar
+    assert captured.out.splitlines() == [
+        # 2 items in 90 s: 45 s an item, 6 left
+        "magrpo: 2/8 items (25%) in 1.5 min, about 4.5 min left; turn_1=0.4123",
+        # 120 s: only 30 s after the last line; 180 s: 6 items in 180 s, 2 left
+        "magrpo: 6/8 items (75%) in 3.0 min, about 1.0 min left; turn_1=0.6",
+        "magrpo: 8/8 items (100%) in 3.3 min; turn_1=0.7",  # at close
+    ]
+
+
+def test_the_last_progress_line_is_not_printed_twice(capsys):
+    now = [0.0]
+    bar = ProgressBar(4, verbose="lines", desc="magrpo", clock=lambda: now[0])
+    bar.update(0)
+    now[0] = 100.0
+    bar.update(4)  # the end, shown at once
+    now[0] = 101.0
+    bar.close()
+    assert capsys.readouterr().out == "magrpo: 4/4 items (100%) in 1.7 min\n"
+
+
+def test_progress_lines_estimate_a_resumed_run_from_its_own_pace(capsys):
+    now = [0.0]
+    bar = ProgressBar(10, verbose="lines", desc="magrpo", clock=lambda: now[0])
+    bar.update(6)  # resumed after 6 items
+    now[0] = 30.0
+    bar.update(2, postfix={})
+    assert capsys.readouterr().out == "magrpo: 8/10 items (80%) in 30 s, about 30 s left\n"
 
 
 def test_progress_bar_is_silent_unless_verbose(capsys):

@@ -253,7 +253,11 @@ def test_evaluate_uses_one_response_per_agent_per_turn_in_batches(tmp_path):
         agent.generate = spy
     metrics = trainer.evaluate(num_eval_samples=2)
     assert calls == [(2, 1), (2, 1)]
-    assert set(metrics) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    assert set(metrics) == {
+        "eval/turn_1/reward_mean",
+        "eval/turn_1/expected_return",
+        "eval/turn_1/reward_sem",
+    }
     calls.clear()
     trainer.args.eval_batch_size = 1
     trainer.evaluate(num_eval_samples=1)
@@ -467,7 +471,11 @@ def test_seed_000_program_runs_with_only_its_imports_changed(tiny_model_dir, tmp
     metrics = trainer.evaluate(num_eval_samples=len(eval_dataset))
     Path("eval-metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     # --- end of the program ---
-    assert set(metrics) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    assert set(metrics) == {
+        "eval/turn_1/reward_mean",
+        "eval/turn_1/expected_return",
+        "eval/turn_1/reward_sem",
+    }
     assert trainer.agents[0].model is not trainer.agents[1].model  # one copy per agent
     assert (tmp_path / "eval-metrics.json").exists()
 

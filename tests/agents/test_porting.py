@@ -196,7 +196,11 @@ def test_without_train_dataset_the_trainer_evaluates_and_saves_but_does_not_trai
     )
     assert trainer.env is None
     metrics = trainer.evaluate()
-    assert set(metrics) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    assert set(metrics) == {
+        "eval/turn_1/reward_mean",
+        "eval/turn_1/expected_return",
+        "eval/turn_1/reward_sem",
+    }
     with pytest.raises(ValueError, match="built without train_dataset.*train_dataset=\\.\\.\\."):
         trainer.train()
     trainer.save_model(tmp_path / "saved")

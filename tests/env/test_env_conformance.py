@@ -222,15 +222,49 @@ def test_check_task_plays_every_turn_of_the_two_turn_seed_task() -> None:
         num_items=2,
     )
     assert report.ok and report.warnings == ()
-    assert [line.split(":")[0] for line in report.checked] == [
+    assert [line.split(":")[0].split(" reads")[0] for line in report.checked] == [
         "item 0",
         "item 0, turn 1",
+        "item 0, turn 2, agent_0",  # the first item's turn-2 prompts are shown
+        "item 0, turn 2, agent_1",
         "item 0, turn 2",
         "item 1",
         "item 1, turn 1",
         "item 1, turn 2",
     ]
-    assert report.checked[2].startswith("item 0, turn 2: 36 rewards from")
+    assert report.checked[4].startswith("item 0, turn 2: 36 rewards from")
+    # the first joint sample is ("", "Hi"): 0 and 2 characters
+    assert report.checked[2] == (
+        "item 0, turn 2, agent_0 reads 'Describe a city in the clouds:\\n\\nYour last answer had "
+        "0 characters. The second answer was 2.0 times as long as the first; the goal is 2 to 3 "
+        "times. Please write ' ... (179 chars) (the transition's prompt as it "
+        "returned it)"
+    )
+
+
+def test_check_task_shows_a_formatter_wrapping_the_transitions_prompt() -> None:
+    def quiz(item: dict) -> str:
+        return f"Write one quiz question about {item['prompt']}"
+
+    def echo(prompt: str, agent_completions: list[str], num_agents: int) -> list[str]:
+        return [f"You asked: {c}" for c in agent_completions]
+
+    report = check_task(
+        Dataset.from_dict({"prompt": ["owls"]}),
+        quiz,
+        lambda c1, c2: [float(len(a) < len(b)) for a, b in zip(c1, c2, strict=True)],
+        num_turns=2,
+        external_transition=echo,
+        early_termination_threshold=None,
+        sample_completions=[["Who?", "What?"], ["Why?", "Where?"]],
+        num_items=1,
+    )
+    assert report.checked[2:4] == (
+        "item 0, turn 2, agent_0 reads 'Write one quiz question about You asked: Who?' (the "
+        "transition's prompt after agent_0's formatter)",
+        "item 0, turn 2, agent_1 reads 'Write one quiz question about You asked: Why?' (the "
+        "transition's prompt after agent_1's formatter)",
+    )
 
 
 def test_check_task_warns_when_the_default_threshold_collapses_multi_turn() -> None:
@@ -357,10 +391,30 @@ def test_check_task_warns_about_rewards_that_look_unintended() -> None:
     def constant(c1: list[str], c2: list[str]) -> list[float]:
         return [0.5] * len(c1)
 
-    report = check_task(feedback_dataset(), None, constant, num_items=1)
+    name = "test_check_task_warns_about_rewards_that_look_unintended.<locals>.constant"
+    report = check_task(
+        feedback_dataset(), None, constant, num_items=1, sample_completions=["a", "b"]
+    )
     assert report.warnings == (
-        "item 0: reward_func test_check_task_warns_about_rewards_that_look_unintended.<locals>."
-        "constant gave 0.5 to every sample joint response; check that it reads the completions.",
+        f"item 0: reward_func {name} gave 0.5 to every sample joint response; check that it "
+        "reads the completions.",
+    )
+
+
+def test_a_reward_constant_on_the_generic_samples_gets_one_warning_that_says_why() -> None:
+    # A reward that credits only on-task answers (as the shipped code and writing rewards do)
+    def on_task(c1: list[str], c2: list[str]) -> list[float]:
+        return [float(a.startswith("def ")) for a in c1]
+
+    report = check_task(feedback_dataset(), None, on_task, num_items=3)
+    name = "test_a_reward_constant_on_the_generic_samples_gets_one_warning_that_says_why.<locals>"
+    assert report.warnings == (
+        f"items 0, 1, 2: reward_func {name}.on_task gave 0.0 to every sample joint response. "
+        "The samples are check_task's generic ones (empty, short, non-ASCII and random text), "
+        "not answers to the task: a reward that only credits real attempts (tests that pass, a "
+        "length band) gives them all one value, and then this is expected. If it should tell "
+        "them apart, check that it reads the completions; sample_completions=[...] checks it "
+        "on answers of your own.",
     )
 
 

@@ -108,12 +108,6 @@ def test_options_item_plays_a_given_item() -> None:
     assert seen == [{"prompt": "custom", "answer": 42}]
 
 
-def test_unknown_option_keys_are_ignored_as_pettingzoo_tests_pass_them() -> None:
-    env = CoMLRLEnv(prompts_dataset(), None, zero_reward)
-    obs, _ = env.reset(seed=0, options={"options": 1})
-    assert obs["agent_0"] == "p0"
-
-
 def test_iterable_dataset_streams_in_order_and_wraps_round() -> None:
     stream = prompts_dataset(3).to_iterable_dataset()
     env = CoMLRLEnv(stream, None, zero_reward)
@@ -254,6 +248,8 @@ def test_formatter_with_external_prompts_receives_the_transitions_prompt() -> No
         return f"[{external_prompts}] {item['prompt']}"
 
     env = three_turn_env(RecordingTransition(), formatter)
+    assert received == [None, None]  # item 0's prompts, formatted when the env was built
+    received.clear()
     obs, _ = env.reset()
     assert obs["agent_0"] == "[None] p0"
     obs, *_ = env.step({"agent_0": "a", "agent_1": "b"})

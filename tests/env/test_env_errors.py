@@ -145,22 +145,43 @@ def test_formatter_reading_a_missing_field_names_the_fields() -> None:
         return item["question"]
 
     with pytest.raises(KeyError, match=r"question") as info:
-        env_with(formatters=formatter).reset()
+        env_with(formatters=formatter)  # item 0 is formatted when the env is built
     assert info.value.__notes__ == [
         "raised by the formatter of agent_0 (test_formatter_reading_a_missing_field_names_the_"
-        "fields.<locals>.formatter) on item 0; the item's fields are ['answer', 'prompt']."
+        "fields.<locals>.formatter) on item 0; the item's fields are ['answer', 'prompt'].",
+        "checked when the task was built, on item 0 of the dataset (columns ['prompt', "
+        "'answer']); fix the dataset's columns or the formatters.",
     ]
 
 
-def test_default_formatter_needs_a_prompt_field() -> None:
-    env = CoMLRLEnv(Dataset.from_dict({"question": ["q"]}), None, lambda c1, c2: [0.0])
+def test_default_formatter_needs_a_prompt_field_when_the_env_is_built() -> None:
     with pytest.raises(
         KeyError,
         match=r"the default formatter reads the 'prompt' field, but the "
         r"item has only \['question'\]; add a 'prompt' column or "
         r"pass formatters=",
-    ):
-        env.reset()
+    ) as info:
+        CoMLRLEnv(Dataset.from_dict({"question": ["q"]}), None, lambda c1, c2: [0.0])
+    assert "checked when the task was built" in info.value.__notes__[-1]
+
+
+def test_a_dataset_without_prompt_is_fine_for_formatters_that_do_not_read_it() -> None:
+    dataset = Dataset.from_dict({"question": ["q0", "q1"]})
+    env = CoMLRLEnv(dataset, lambda item: item["question"], lambda c1, c2: [0.0])
+    assert env.reset()[0] == {"agent_0": "q0", "agent_1": "q0"}
+
+
+def test_a_stream_is_not_read_when_the_env_is_built() -> None:
+    calls = []
+
+    def rows():  # a fresh generator per pass, counted
+        calls.append(1)
+        yield {"question": "q"}
+
+    env = CoMLRLEnv(IterableDataset.from_generator(rows), None, lambda c1, c2: [0.0])
+    assert calls == []
+    with pytest.raises(KeyError, match="the default formatter reads the 'prompt' field"):
+        env.reset()  # a stream's items are checked when they are read
 
 
 def test_formatters_must_be_callables() -> None:

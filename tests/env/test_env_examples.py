@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_example(name: str) -> str:
+def run_example(name: str, *args: str) -> str:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / name)],
+        [sys.executable, str(ROOT / "examples" / name), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -33,6 +37,20 @@ def test_custom_loop_prints_the_rewards_of_each_policy() -> None:
     assert lines[1].startswith("detailed answer 1.0x as long: mean reward 0.368")
     assert lines[2].startswith("detailed answer 4.0x as long: mean reward 0.368")
     assert len(lines) == 3
+
+
+def test_custom_loop_plays_the_same_loop_with_an_llm_per_agent() -> None:
+    lines = run_example("custom_loop.py", "--llm", "tiny").splitlines()
+    assert len(lines) == 3
+    for episode, line in enumerate(lines):
+        match = re.fullmatch(
+            rf"tiny episode {episode}: \[(\d+), (\d+)\] characters, reward (.*)", line
+        )
+        assert match is not None, line
+        brief, detailed, reward = int(match[1]), int(match[2]), float(match[3])
+        ratio = detailed / brief if brief else 0.0  # the reward of these lengths, by hand
+        expected = 0.0 if not brief else math.exp(-max(2.0 - ratio, ratio - 3.0, 0.0))
+        assert reward == pytest.approx(expected, abs=5e-4)
 
 
 def test_pettingzoo_tools_runs_the_checks_the_aec_loop_and_the_wrappers() -> None:

@@ -126,12 +126,6 @@ def test_reset_options_must_be_a_dict(options: Any) -> None:
         env_on(ten_items()).reset(options=options)
 
 
-def test_pettingzoos_signature_probe_is_accepted() -> None:
-    # parallel_api_test and api_test call reset(seed=0, options={"options": 1}).
-    env = env_on(ten_items())
-    assert env.reset(seed=0, options={"options": 1})[0]["agent_0"] == "p0"
-
-
 @pytest.mark.parametrize(
     ("seed", "error", "shown"),
     [
