@@ -54,7 +54,10 @@ class Candidate:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            request = {"a": [encode(a) for a in args], "k": {k: encode(kwargs[k]) for k in kwargs}}
+            request: dict[str, object] = {
+                "a": [encode(a) for a in args],
+                "k": {k: encode(kwargs[k]) for k in kwargs},
+            }
         except NotPlain as exc:
             raise ProgramFailed(f"the test's argument cannot be sent: {exc}") from None
         ident, self._next_id = self._next_id, self._next_id + 1
@@ -144,6 +147,7 @@ def run(link: Any, payload: dict, deadline: float) -> dict:
         now = time.monotonic()
         if gone is None and now >= deadline:
             gone = "the run's wall-clock limit passed"
+        error: str | None
         if gone is not None:
             error = f"not run: {gone}"
         else:

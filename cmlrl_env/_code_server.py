@@ -12,6 +12,13 @@ import json as _json
 import os as _os
 import signal as _signal
 
+TYPE_CHECKING = False  # no typing import in the program: see _code_wire
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    _Codec = Callable[[object], object]
+
 REQUESTS_FD = 3
 ANSWERS_FD = 4
 
@@ -20,22 +27,24 @@ class _Timeout(BaseException):
     """The call's alarm; not an ``Exception``, so the solution's ``except Exception`` lets it by."""
 
 
-def _on_alarm(signum, frame):
+def _on_alarm(signum: int, frame: object) -> None:
     raise _Timeout()
 
 
-def _send(message):
+def _send(message: dict[str, object]) -> None:
     data = memoryview((_json.dumps(message) + "\n").encode())
     while data:
         data = data[_os.write(ANSWERS_FD, data) :]
 
 
-def _error(exc):
+def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _answer(function, request, encode, decode):
-    reply = {"id": request["id"]}
+def _answer(
+    function: "Callable[..., object]", request: "dict[str, Any]", encode: "_Codec", decode: "_Codec"
+) -> dict[str, object]:
+    reply: dict[str, object] = {"id": request["id"]}
     try:
         _signal.setitimer(_signal.ITIMER_REAL, max(float(request["t"]), 0.001))
         args = [decode(a) for a in request["a"]]
@@ -54,10 +63,10 @@ def _answer(function, request, encode, decode):
     return reply
 
 
-def serve(source, entry, encode, decode):
+def serve(source: str, entry: str, encode: "_Codec", decode: "_Codec") -> None:
     """Load ``source``, then answer calls of its function ``entry`` until the checker is done."""
     _signal.signal(_signal.SIGALRM, _on_alarm)
-    namespace = {"__name__": "__solution__"}
+    namespace: dict[str, Any] = {"__name__": "__solution__"}
     try:
         exec(compile(source, "solution.py", "exec"), namespace)
         function = namespace[entry]

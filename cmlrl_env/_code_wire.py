@@ -13,6 +13,13 @@ Whatever the program sends, ``decode`` builds plain built-in values and nothing 
 of the program's making reaches the checker's comparisons.
 """
 
+# The program's text starts with this file's, so no ``from __future__`` (the solution, compiled
+# inside the program, would inherit it) and no ``typing`` import: the annotations that name
+# ``collections.abc`` are strings, read by type checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
 MAX_DEPTH = 100
 MAX_ITEMS = 100_000
 _EXACT_INT = 2**53
@@ -22,12 +29,12 @@ class NotPlain(ValueError):
     """A value that is not plain data (or too deep, or too long) to send across."""
 
 
-def _items(value, depth):
+def _items(value: "Iterable[object]", depth: int) -> list[object]:
     return [encode(v, depth + 1) for v in value]
 
 
-def _iterated(value, depth):
-    items = []
+def _iterated(value: "Iterable[object]", depth: int) -> list[object]:
+    items: list[object] = []
     for item in value:
         if len(items) == MAX_ITEMS:
             raise NotPlain(f"an iterator longer than {MAX_ITEMS} items")
@@ -35,7 +42,7 @@ def _iterated(value, depth):
     return ["i", *items]
 
 
-def _number(value):
+def _number(value: int | float | complex) -> object:
     if isinstance(value, int):
         value = int.__int__(value)
         return value if -_EXACT_INT < value < _EXACT_INT else ["n", format(value, "x")]
@@ -44,7 +51,7 @@ def _number(value):
     return ["c", complex.real.__get__(value), complex.imag.__get__(value)]
 
 
-def encode(value, depth=0):
+def encode(value: object, depth: int = 0) -> object:
     """``value`` as JSON-ready data; ``NotPlain`` for anything that is not plain data."""
     if depth > MAX_DEPTH:
         raise NotPlain(f"a value nested deeper than {MAX_DEPTH} levels")
@@ -63,11 +70,12 @@ def encode(value, depth=0):
         pairs = dict.items(value)
         return ["d", *(x for k, v in pairs for x in (encode(k, depth + 1), encode(v, depth + 1)))]
     if isinstance(value, range) or hasattr(type(value), "__next__"):
-        return _iterated(value, depth)
+        # An iterator (its type has ``__next__``), which hasattr does not tell the checker.
+        return _iterated(value, depth)  # type: ignore[arg-type]
     raise NotPlain(f"a {type(value).__name__} is not plain data")
 
 
-_BUILD = {
+_BUILD: "dict[str, Callable[[Iterable[object]], object]]" = {
     "t": tuple,
     "l": list,
     "s": set,
@@ -76,7 +84,7 @@ _BUILD = {
 }
 
 
-def decode(data, depth=0):
+def decode(data: object, depth: int = 0) -> object:
     """The plain value ``encode`` made; ``ValueError`` for anything it cannot have made."""
     if depth > MAX_DEPTH:
         raise ValueError(f"a value nested deeper than {MAX_DEPTH} levels")

@@ -28,6 +28,11 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # typing is not imported at run time: this file starts every program
+if TYPE_CHECKING:
+    import types
+    from collections.abc import Callable
+
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # -I left it out; stdlib first
 from _sandbox_sys import (  # noqa: E402
     CLONE_NEWIPC,
@@ -91,7 +96,7 @@ class Link:
         os.kill(self._init, signal.SIGKILL)
 
 
-def _load_checker(spec: dict | None) -> object:
+def _load_checker(spec: dict | None) -> "types.ModuleType | None":
     """The checker's module, built from the sources the trainer sent (before the program runs)."""
     if spec is None:
         return None
@@ -177,7 +182,9 @@ def _ended(status: int, timeout: float) -> bool:
     return bool(select.select([status], [], [], max(timeout, 0.0))[0])
 
 
-def _supervise(config: dict, checker: object, init: int, ends: list[int], status: int) -> dict:
+def _supervise(
+    config: dict, checker: "types.ModuleType | None", init: int, ends: list[int], status: int
+) -> dict:
     """Run the checker (or wait) until the program ends or the wall clock runs out."""
     deadline = config["start"] + config["wall_time_s"]
     out: dict = {"timed_out": False, "report": None, "returncode": None}
@@ -236,7 +243,7 @@ def run(config: dict) -> None:
     sys.stdout.write(json.dumps(out) + "\n")
 
 
-def _attempt(step: object) -> str:
+def _attempt(step: "Callable[[], object]") -> str:
     """'ok' when ``step()`` works in a child process of its own, else why not."""
     reader, writer = os.pipe()
     pid = os.fork()

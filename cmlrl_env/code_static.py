@@ -43,7 +43,7 @@ def parse(code: str) -> ast.Module | None:
         return None
 
 
-def top_functions(tree: ast.Module | None) -> dict[str, ast.FunctionDef]:
+def top_functions(tree: ast.Module | None) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
     if tree is None:
         return {}
     return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -91,7 +91,7 @@ def bound_names(tree: ast.AST | None) -> Counter[str]:
     return counts
 
 
-def aux_usage(main: ast.FunctionDef) -> tuple[bool, bool]:
+def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[bool, bool]:
     """(main calls aux, some call's result is used: not a bare expression statement)."""
     calls = [
         n

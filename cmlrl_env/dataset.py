@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from datasets import Dataset, IterableDataset
@@ -204,9 +204,11 @@ class TaskSource:
             return ((self.seed or 0) + position) % n
         pass_number, offset = divmod(position, n)
         if self._permutation is None or self._permutation[0] != pass_number:
-            if self.seed is None and self._entropy is None:
-                self._entropy = int(np.random.SeedSequence().entropy)
-            root = self._entropy if self.seed is None else self.seed
+            root = self.seed
+            if root is None:
+                if self._entropy is None:  # a SeedSequence without entropy draws an int
+                    self._entropy = int(cast(int, np.random.SeedSequence().entropy))
+                root = self._entropy
             order = np.random.default_rng([root, pass_number]).permutation(n)
             self._permutation = (pass_number, order)
         return int(self._permutation[1][offset])

@@ -146,10 +146,10 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
         return cls(**fields, render_mode=render_mode, dict_observations=dict_observations)
 
-    def observation_space(self, agent: str) -> spaces.Space:
+    def observation_space(self, agent: str) -> spaces.Space[Any]:
         return self._obs_spaces[agent]
 
-    def action_space(self, agent: str) -> spaces.Space:
+    def action_space(self, agent: str) -> spaces.Space[Any]:
         return self._act_spaces[agent]
 
     # -- episode --------------------------------------------------------------------------------
@@ -187,7 +187,13 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
 
     def step(
         self, actions: dict[str, str]
-    ) -> tuple[dict[str, Obs], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict]]:
+    ) -> tuple[
+        dict[str, Obs],
+        dict[str, float],
+        dict[str, bool],
+        dict[str, bool],
+        dict[str, dict[str, Any]],
+    ]:
         """Play one turn: every live agent's completion, one reward for the joint response."""
         state = self._require_live_state()
         joint = self._joint_action(actions)
@@ -322,7 +328,8 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
         return {a: dict(info) for a in self.possible_agents}
 
     # -- views ----------------------------------------------------------------------------------
-    def state(self) -> str:
+    # PettingZoo declares an array; the state of a text task is its transcript.
+    def state(self) -> str:  # type: ignore[override]
         """The joint transcript of the current episode (every agent's prompts and responses)."""
         if self._state is None:
             raise RuntimeError("state() was called before reset(); call env.reset() first.")

@@ -20,7 +20,8 @@ def default_formatter(item: Mapping[str, Any]) -> str:
             f"the default formatter reads the 'prompt' field, but the item has only "
             f"{sorted(item)}; add a 'prompt' column or pass formatters=..."
         )
-    return item["prompt"]
+    prompt: str = item["prompt"]  # Formatters refuses a prompt that is not a string
+    return prompt
 
 
 def _accepts_keyword(func: Callable[..., Any], name: str) -> bool:

@@ -124,13 +124,17 @@ def _flatdim(space: TextSpace) -> int:
     return space.flat_bytes
 
 
+# mypy checks a registered class against the fallback's first argument and cannot match a
+# subclass of ``Text`` (a ``Space[str]``) against Gymnasium's generic ``Space[T]``, nor a space
+# against ``batch_differing_spaces``' sequence of spaces (dispatched on its first item): the
+# ignores on the ``def`` lines below are for that.
 @space_utils.flatten.register(TextSpace)
-def _flatten(space: TextSpace, x: str) -> np.ndarray:
+def _flatten(space: TextSpace, x: str) -> np.ndarray:  # type: ignore[misc]
     return encode_text(space, x)
 
 
 @space_utils.unflatten.register(TextSpace)
-def _unflatten(space: TextSpace, x: np.ndarray) -> str:
+def _unflatten(space: TextSpace, x: np.ndarray) -> str:  # type: ignore[misc]
     return decode_text(space, x)
 
 
@@ -161,7 +165,7 @@ def _batch_space(space: TextSpace, n: int = 1) -> TextBatch:
 
 
 @vector_utils.batch_differing_spaces.register(TextSpace)
-def _batch_differing_spaces(batch: Sequence[TextSpace]) -> TextBatch:
+def _batch_differing_spaces(batch: Sequence[TextSpace]) -> TextBatch:  # type: ignore[misc]
     return TextBatch(tuple(copy.deepcopy(space) for space in batch))
 
 
@@ -169,7 +173,7 @@ def _batch_differing_spaces(batch: Sequence[TextSpace]) -> TextBatch:
 # batched one. Both mean "one str per env".
 @vector_utils.iterate.register(TextSpace)
 @vector_utils.iterate.register(TextBatch)
-def _iterate(space: TextSpace | TextBatch, items: Iterable[str]) -> Iterator[str]:
+def _iterate(space: TextSpace | TextBatch, items: Iterable[str]) -> Iterator[str]:  # type: ignore[misc]
     if isinstance(items, str):  # iterating a str would hand out its characters
         raise TypeError(
             f"a batch of text is a tuple or list of str, one per env, got the str {items!r:.80}."

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from cmlrl_env._errors import describe_exception
@@ -106,7 +107,7 @@ class _Recorder:
 
 def _spec_pieces(spec: TaskSpec) -> dict[str, Any]:
     """The keyword arguments of ``check_task`` that a ``TaskSpec`` holds."""
-    names = ("dataset", "formatters", "reward_func", "num_agents", "num_turns")
+    names: tuple[str, ...] = ("dataset", "formatters", "reward_func", "num_agents", "num_turns")
     names += ("external_transition", "reward_processor", "early_termination_threshold")
     return {name: getattr(spec, name) for name in names}
 
@@ -147,7 +148,7 @@ def check_task(
         "binding the task",
         lambda: Task(
             formatters,
-            reward_func,
+            reward_func,  # type: ignore[arg-type]  # None: Task's error is reported as a problem
             num_agents=num_agents,
             num_turns=num_turns,
             external_transition=external_transition,
@@ -221,7 +222,7 @@ def _joint_actions(
             f"list per agent, got {samples!r:.80}."
         )
     if all(isinstance(s, str) for s in samples):
-        pool = list(samples)
+        pool = [s for s in samples if isinstance(s, str)]  # all of them
         return [
             tuple(pool[(j + a) % len(pool)] for a in range(num_agents)) for j in range(len(pool))
         ]
@@ -250,14 +251,15 @@ def _check_item(
     show: bool = False,
 ) -> None:
     """Play every turn of one item; ``show``: add its later turns' prompts to the report."""
-    prompts = [
+    attempts = [
         rec.attempt(
             f"item {index}, formatter of agent_{a}",
-            lambda a=a: task.formatters.format(a, item, item_index=index),
+            partial(task.formatters.format, a, item, item_index=index),
         )
         for a in range(task.num_agents)
     ]
-    if any(p is None for p in prompts):
+    prompts = [p for p in attempts if p is not None]
+    if len(prompts) < len(attempts):
         return
     for a, prompt in enumerate(prompts):
         if not prompt.strip():
@@ -270,7 +272,7 @@ def _check_item(
         where = f"item {index}, turn {turn}"
         outcomes = rec.attempt(
             f"{where}, scoring {len(states) * len(joint)} joint responses",
-            lambda s=states: task.step_group(s, [joint] * len(s)),
+            partial(task.step_group, states, [joint] * len(states)),
         )
         if outcomes is None:
             return
@@ -340,11 +342,12 @@ def _check_reward_consistency(
             f"call with the same completions, {group} on the first; runs will "
             "not be reproducible."
         )
-    alone = [
-        rec.attempt(f"{where}, scoring joint response {j} alone", lambda j=j: score([joint[j]]))
+    attempts = [
+        rec.attempt(f"{where}, scoring joint response {j} alone", partial(score, [joint[j]]))
         for j in range(len(joint))
     ]
-    if all(a is not None for a in alone) and not _close([a[0] for a in alone], group):
+    alone = [a for a in attempts if a is not None]
+    if len(alone) == len(attempts) and not _close([a[0] for a in alone], group):
         rec.warnings.append(
             f"{where}: reward_func {task.reward.name} scores joint responses differently alone "
             f"({[a[0] for a in alone]}) than together ({group}); the env scores one joint "

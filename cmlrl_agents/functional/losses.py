@@ -187,6 +187,7 @@ def aggregate(
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    count: float | Tensor
     if aggregation == "sequence_sum":
         count = token_losses.shape[0] if num_sequences is None else num_sequences
     else:
@@ -299,7 +300,7 @@ def value_loss(
         check_finite("values", values)
         check_finite("targets", targets)
     err = (values - targets.detach()) ** 2
-    if old_values is None:
+    if old_values is None or clip_range is None:  # both or neither (checked above)
         return err.mean()
     check_float("old_values", old_values, shape=tuple(values.shape))
     if check:

@@ -70,7 +70,8 @@ class OptimizedLearner:
         total = None
         if rounds is not None:
             steps = [self.steps_per_round(r) for r in rounds]
-            total = None if any(s is None for s in steps) else sum(steps)  # type: ignore[misc]
+            known = [s for s in steps if s is not None]
+            total = sum(known) if len(known) == len(steps) else None
         args = self.args
         self.schedulers = make_schedulers(
             dict(self.named_optimizers()), args.lr_scheduler_type, args.warmup_steps, total

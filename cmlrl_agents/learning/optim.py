@@ -25,9 +25,10 @@ def make_adamw(
     SmolLM2-135M in 0.18 s against 1.5 s for ``foreach`` (and 0.5 s against 8.4 s on the first
     step), and allocates no full-size temporaries, so peak memory stays lower too.
     """
-    groups = list(params)
-    if groups and not isinstance(groups[0], dict):
-        groups = [{"params": groups}]
+    given: list[Any] = list(params)  # tensors or param groups
+    groups: list[dict[str, Any]] = given
+    if given and not isinstance(given[0], dict):
+        groups = [{"params": given}]
     tensors = [p for group in groups for p in group["params"]]
     if not tensors:
         raise ValueError(

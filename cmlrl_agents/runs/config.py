@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from cmlrl_agents.runs.config_names import unknown_field_message
 
@@ -37,10 +37,13 @@ class ValidatedConfig:
 
     _ready = False
     _fixed: dict[str, str] = {}  # noqa: RUF012 - replaced per instance by fix_fields
+    # Set by @dataclass on every config class; declared so that type checkers take the mixin
+    # for a dataclass (``fields``, ``asdict``).
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         # Before the dataclass __init__, whose TypeError would not say what to write instead.
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        names = {f.name for f in fields(cls)}
         for name in kwargs:
             if name not in names:
                 raise TypeError(unknown_field_message(cls, name))
@@ -54,7 +57,7 @@ class ValidatedConfig:
         if not self._ready:
             object.__setattr__(self, name, value)
             return
-        if name not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+        if name not in {f.name for f in fields(self)}:
             raise AttributeError(unknown_field_message(type(self), name))
         old = getattr(self, name)
         if name in self._fixed and value != old:
@@ -85,7 +88,7 @@ class ValidatedConfig:
         return state
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return dataclasses.asdict(self)
 
     # -- rule helpers: each raises with the field name and value ---------------------------------
     def _int(self, name: str, low: int | None = None, *, optional: bool = False) -> None:
