@@ -9,11 +9,15 @@ that always contains ``<|im_end|>`` before the assistant turn (bug B1 of the ref
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from cmlrl_agents.policies.agent import LLMAgent
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
@@ -56,7 +60,7 @@ def _tiny_backend_json() -> str:
     return backend.to_str()
 
 
-def tiny_tokenizer():
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A fresh fast tokenizer (259 tokens: 3 specials + 256 bytes) with ``pad == eos``.
 
     The backend is built once and cached; each call returns a new wrapper, so a test that
@@ -126,7 +130,7 @@ def tiny_model(
     return model.eval()
 
 
-def tiny_agent(seed: int = 0, *, eos_bias: float = 0.0, **agent_kwargs: object) -> LLMAgent:
+def tiny_agent(seed: int = 0, *, eos_bias: float = 0.0, **agent_kwargs: Any) -> LLMAgent:
     """An :class:`LLMAgent` over :func:`tiny_model` and :func:`tiny_tokenizer` (chat template
     on); ``agent_kwargs`` go to :class:`LLMAgent`."""
     tokenizer = tiny_tokenizer()
@@ -146,7 +150,8 @@ def tiny_reward_model(vocab_size: int, seed: int = 0, *, hidden_size: int = 32) 
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
-        num_labels=1,
+        # A PreTrainedConfig keyword that LlamaConfig's annotated __init__ leaves out.
+        num_labels=1,  # type: ignore[call-arg]
         pad_token_id=TINY_EOS_ID,
     )
     with torch.random.fork_rng(devices=[]):

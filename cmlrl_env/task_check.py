@@ -293,10 +293,11 @@ def _show_next_prompts(
 ) -> None:
     """What each agent reads at the next turn of the first branch, and whether its formatter
     changed the transition's prompt (it applies to every turn's prompt, not only the first)."""
-    assert task.transition is not None  # a next state exists only with a transition
+    transition = task.transition
+    assert transition is not None  # a next state exists only with a transition
     raw = rec.attempt(
         f"item {state.item_index}, turn {after.turns_played + 1}, the transition again",
-        lambda: task.transition(  # type: ignore[misc]
+        lambda: transition(
             state.item,
             action,
             prompt_history=state.prompt_history,

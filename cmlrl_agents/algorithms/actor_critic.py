@@ -46,7 +46,7 @@ from cmlrl_agents.runs.trainer_setup import team_size
 __all__ = ["IACTrainer", "MAACTrainer", "RolloutSample"]
 
 
-class _ActorCriticTrainer(TeamTrainer):
+class _ActorCriticTrainer(TeamTrainer[ActorCriticConfig, ActorCriticLearner]):
     """What IAC and MAAC share; they differ in which critic reads which text."""
 
     config_class: type[ActorCriticConfig] = ActorCriticConfig
@@ -223,6 +223,7 @@ class _ActorCriticTrainer(TeamTrainer):
 
     # -- one round ----------------------------------------------------------------------------
     def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
+        assert self.env is not None, "train() checks for a train_dataset first"
         args, parallel = self.args, self.parallel
         tree = collect_tree(
             self.env,

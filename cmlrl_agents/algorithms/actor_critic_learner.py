@@ -64,7 +64,7 @@ class ActorCriticBatch:
         return tuple(s.row() for agent in self.samples for s in agent)
 
 
-class ActorCriticLearner(OptimizedLearner):
+class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
     """Actors, critics and their optimizers; ``args`` is read at every update."""
 
     def __init__(

@@ -85,7 +85,9 @@ class JointReward:
         self.parse_failure_reward = parse_failure_reward
         self.__name__ = f"joint({self.reward.name})"
 
-    def __call__(self, completions: Sequence[str], *, batch_items: Sequence[Mapping[str, Any]]):
+    def __call__(
+        self, completions: Sequence[str], *, batch_items: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
         parsed = [split_roles(c, self.num_roles) for c in completions]
         ok = [p for p in parsed if p is not None]
         scores = iter(
@@ -148,8 +150,9 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             raise TypeError(f"args must be a CentralizedMAGRPOConfig, got {type(args).__name__}.")
         # One policy for every role: the team size is 1 and the roles are num_roles.
         check_team_keywords(team, type(self).__name__, refused=("num_agents", "env"))
-        task = team.pop("task", None)
-        given = tuple(team.pop(k, None) for k in TASK_PIECES)
+        rest: dict[str, Any] = dict(team)  # the team's keywords, with the task's made joint
+        task: TaskSpec | None = rest.pop("task", None)
+        given = tuple(rest.pop(k, None) for k in TASK_PIECES)
         formatters, reward_func = _team_pieces(task, args, given)
         counted = len(formatters) if isinstance(formatters, (list, tuple)) else None
         roles = counted if task is None else task.num_agents
@@ -159,16 +162,16 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             "reward_func": JointReward(reward_func, self.num_roles, args.parse_failure_reward),
         }
         if task is None:
-            team.update(train_dataset=given[0], reward_processor=given[3], **joint)
+            rest.update(train_dataset=given[0], reward_processor=given[3], **joint)
         else:
-            team["task"] = task.replace(num_agents=1, **joint)  # its limits and options stay
+            rest["task"] = task.replace(num_agents=1, **joint)  # its limits and options stay
         super().__init__(
             agent_model,
             num_agents=1,
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
             args=args,
-            **team,
+            **rest,
         )
 
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:

@@ -36,7 +36,7 @@ from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 __all__ = ["MADPOTrainer"]
 
 
-class MADPOTrainer(PreferenceTrainer):
+class MADPOTrainer(PreferenceTrainer[MADPOConfig, DPOLearner]):
     """Multi-agent DPO with a frozen reference (SPEC §5's preference-based trainers).
 
     The task as for MAGRPO (``train_dataset``, ``formatters``, ``reward_func``, or ``env=``);
@@ -97,12 +97,13 @@ class MADPOTrainer(PreferenceTrainer):
                 "pairs to learn from; pass train_dataset=... (with a pair source) or pairs_file=."
             )
         self._start_run(resume)
-        args, last = self.args, {}
+        args = self.args
+        last: dict[str, float] = {}
         progress = ProgressBar(args.num_iterations, verbose=self.logger.verbose, desc="madpo")
         progress.update(self.epoch)
         while self.epoch < args.num_iterations:
             if self.epoch_position < args.num_train_epochs:
-                last = self._train_round(self.epoch) or last
+                last = self._train_iteration(self.epoch) or last
             self.epoch += 1
             self.epoch_position = 0
             progress.update(1, postfix={k: last[k] for k in ("loss",) if k in last})
@@ -116,7 +117,7 @@ class MADPOTrainer(PreferenceTrainer):
             plot_metrics(self.run_dir)
         return last
 
-    def _train_round(self, k: int) -> dict[str, float]:
+    def _train_iteration(self, k: int) -> dict[str, float]:
         if self.epoch_position == 0:
             if self.eval_due(k):
                 self.evaluate()
@@ -147,8 +148,8 @@ class MADPOTrainer(PreferenceTrainer):
 
         The order is drawn from the run's seed, the round and the epoch (the same on every rank
         of a launch, and unchanged by evaluation or resuming)."""
-        key = row_key(self.sample_seed, PAIR_KEYS, self.epoch, self.epoch_position)
-        generator = torch.Generator().manual_seed(key)
+        order_key = row_key(self.sample_seed, PAIR_KEYS, self.epoch, self.epoch_position)
+        generator = torch.Generator().manual_seed(order_key)
         order = torch.randperm(len(data.pairs), generator=generator).tolist()
         size = self.args.pair_batch_size
         sums: dict[str, list[float]] = defaultdict(list)

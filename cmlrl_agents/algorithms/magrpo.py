@@ -47,7 +47,7 @@ def eval_chains(tree: RolloutTree) -> list[list[list[str]]]:
     return chains
 
 
-class MAGRPOTrainer(TeamTrainer):
+class MAGRPOTrainer(TeamTrainer[MAGRPOConfig, PolicyGradientLearner]):
     """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
 
     Construct with ``agent_model="<hub id or folder>"`` (one copy per agent, or with
@@ -118,6 +118,7 @@ class MAGRPOTrainer(TeamTrainer):
 
     # -- one round ----------------------------------------------------------------------------
     def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
+        assert self.env is not None, "train() checks for a train_dataset first"
         args, parallel = self.args, self.parallel
         tree = collect_tree(
             self.env,

@@ -42,6 +42,7 @@ from cmlrl_agents.algorithms.preference_config import MARLHFConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
+from cmlrl_agents.learning.learner import Learner
 from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
 from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer import TeamTrainer
@@ -55,7 +56,7 @@ def _round_seed(seed: int | None, round_index: int) -> int | None:
     return None if seed is None else seed + round_index
 
 
-class MARLHFTrainer(PreferenceTrainer):
+class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
     """Reward model from preferences, then RL on it (SPEC §4–§5); see the module docstring.
 
     The team and task as for every trainer (``**team``: ``agent_model=`` or ``agents=``,
@@ -313,8 +314,10 @@ class MARLHFTrainer(PreferenceTrainer):
         """The agents (``agent_i``, adapters alone for adapter agents) as every trainer saves
         them, and ``reward_model/``."""
         super().save_model(output_dir)
-        self.reward_model.model.save_pretrained(Path(output_dir) / "reward_model")
-        self.reward_model.tokenizer.save_pretrained(Path(output_dir) / "reward_model")
+        folder = Path(output_dir) / "reward_model"
+        # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+        self.reward_model.model.save_pretrained(folder)  # type: ignore[operator]
+        self.reward_model.tokenizer.save_pretrained(folder)
 
     def save_checkpoint(self) -> Path:
         """A checkpoint of the RL phase (the pairs and the reward model are saved as they are

@@ -53,7 +53,7 @@ def mean_metrics(steps: Mapping[str, list[float]]) -> dict[str, float]:
     return {key: sum(values) / len(values) for key, values in steps.items()}
 
 
-class PolicyGradientLearner(OptimizedLearner):
+class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
     """Per agent: its AdamW optimizer and (with ``reference_kl_enabled``) its frozen reference.
 
     ``args`` is read at every update, so a trainer may hand a new config between rounds

@@ -56,7 +56,9 @@ def pair_tokens(pair: PreferencePair, agents: Sequence[LLMAgent]) -> tuple[Rows,
             [list(r) for r in pair.chosen_ids],
             [list(r) for r in pair.rejected_ids],
         )
-    prompts, chosen, rejected = [], [], []
+    prompts: Rows = []
+    chosen: Rows = []
+    rejected: Rows = []
     for a, agent in enumerate(agents):
         prompts.append(agent.encode_prompts([pair.prompts[a]])[0])
         eos = agent.tokenizer.eos_token_id
@@ -79,7 +81,7 @@ class PreparedPairs:
     ref_rejected: Tensor
 
 
-class DPOLearner(OptimizedLearner):
+class DPOLearner(OptimizedLearner[MADPOConfig]):
     """Per agent: an AdamW optimizer (of its adapter, for an adapter agent) and its frozen
     reference: a copy of its initial weights, or its base with adapters disabled."""
 
@@ -145,7 +147,8 @@ class DPOLearner(OptimizedLearner):
         ref_c, ref_r = [], []
         for a, agent in enumerate(self.agents):
             ref = self.reference_models[a]
-            parts_c, parts_r = [], []
+            parts_c: list[Tensor] = []
+            parts_r: list[Tensor] = []
             for s in range(0, len(pairs), size):
                 for rows, out in ((chosen[a], parts_c), (rejected[a], parts_r)):
                     batch = build_batch(

@@ -281,9 +281,14 @@ def _pair_from_record(record: Any, agent_names: Sequence[str], where: str) -> Pr
             f"{where}: unknown field(s) {unknown}; allowed: "
             f"{[*_TEXT_FIELDS, *_OPTIONAL_FIELDS, *_ID_FIELDS]}."
         )
-    texts = {name: _texts(record, name, agent_names, where) for name in _TEXT_FIELDS}
-    optional = {name: record.get(name) for name in _OPTIONAL_FIELDS if record.get(name) is not None}
-    ids = {name: _ids(record, name, agent_names, where) for name in _ID_FIELDS if name in record}
+    # dict[str, Any]: each holds fields of different types, which ** cannot tell apart.
+    texts: dict[str, Any] = {n: _texts(record, n, agent_names, where) for n in _TEXT_FIELDS}
+    optional: dict[str, Any] = {
+        n: record.get(n) for n in _OPTIONAL_FIELDS if record.get(n) is not None
+    }
+    ids: dict[str, Any] = {
+        n: _ids(record, n, agent_names, where) for n in _ID_FIELDS if n in record
+    }
     return PreferencePair(**texts, **optional, **ids)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cmlrl_agents.algorithms.preference_config import PreferenceConfig
 from cmlrl_agents.algorithms.preference_pairs import (
@@ -30,7 +30,7 @@ from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.metrics import turn_key
 from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.runs.trainer import TeamTrainer
-from cmlrl_agents.runs.trainer_base import PAIR_KEYS
+from cmlrl_agents.runs.trainer_base import PAIR_KEYS, LearnerT
 from cmlrl_agents.runs.trainer_keywords import check_team_keywords
 
 __all__ = ["PreferenceTrainer", "no_task_reward", "preference_team"]
@@ -100,10 +100,11 @@ def preference_team(
     return team, task_reward is not None
 
 
-class PreferenceTrainer(TeamTrainer):
-    """A :class:`TeamTrainer` whose rounds start by building preference pairs."""
+PreferenceConfigT = TypeVar("PreferenceConfigT", bound=PreferenceConfig)
 
-    args: PreferenceConfig
+
+class PreferenceTrainer(TeamTrainer[PreferenceConfigT, LearnerT]):
+    """A :class:`TeamTrainer` whose rounds start by building preference pairs."""
 
     def setup_preferences(
         self,
@@ -217,6 +218,7 @@ class PreferenceTrainer(TeamTrainer):
     def _pair_metrics(self, round_index: int, pairs: list[PreferencePair]) -> dict[str, float]:
         metrics = {"preference/iteration": float(round_index), "preference/pairs": len(pairs)}
         if self.has_task_reward and self.labeler.judge is None:
+            # The task reward labelled every pair, so each has both rewards.
             gaps = [p.chosen_reward - p.rejected_reward for p in pairs]  # type: ignore[operator]
             metrics["preference/reward_gap_mean"] = sum(gaps) / len(gaps)
         return {k: float(v) for k, v in metrics.items()}

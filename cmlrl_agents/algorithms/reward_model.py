@@ -80,8 +80,9 @@ class PreferenceRewardModel:
         if pad is None and tokenizer.eos_token_id is None:
             raise ValueError("the reward model's tokenizer has neither a pad nor an EOS token.")
         self.pad_token_id = int(pad if pad is not None else tokenizer.eos_token_id)
-        if model.config.pad_token_id is None:  # it finds each row's last real token by it
-            model.config.pad_token_id = self.pad_token_id
+        config: Any = model.config  # a transformers config (its num_labels was read above)
+        if config.pad_token_id is None:  # it finds each row's last real token by it
+            config.pad_token_id = self.pad_token_id
         self.device = torch.device(device) if device is not None else _default_device()
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer

@@ -17,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cmlrl_agents.cli.spec import CLIError, check_keys, one_line
+
+if TYPE_CHECKING:
+    from torch.nn.modules.module import _IncompatibleKeys
 
 __all__ = ["describe_peft", "load_adapter_folders", "peft_section"]
 
@@ -106,7 +109,10 @@ def load_adapter_folders(agents: Sequence[Any], folders: Sequence[Path]) -> None
                 f"{folder} holds no adapter of agent {agent.adapter or '(a full model)'}; give "
                 "the run file's peft section the adapters were trained with."
             )
-        result = set_peft_model_state_dict(agent.model, load_file(str(file)), agent.adapter)
+        # peft annotates its result as ``namedtuple``, which is no type: torch's is the real one.
+        result: _IncompatibleKeys = set_peft_model_state_dict(
+            agent.model, load_file(str(file)), agent.adapter
+        )
         missing = [k for k in result.missing_keys if f".{agent.adapter}." in k]
         if missing or result.unexpected_keys:
             raise CLIError(

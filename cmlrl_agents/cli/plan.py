@@ -210,7 +210,8 @@ def build_trainer(p: Plan, *, use_wandb: bool = True, agent_dirs: Sequence[Path]
     assert p.model is not None, "plan(..., need_model=True) first"
     num_agents = p.config.num_agents or p.task.num_agents or 2
     roles = p.algorithm in SINGLE_POLICY_ALGORITHMS  # the spec is the team task of num_roles
-    num_roles = (p.config.num_roles or p.task.num_agents) if roles else None
+    # A single-policy algorithm's config (CentralizedMAGRPOConfig) has num_roles.
+    num_roles = (getattr(p.config, "num_roles", None) or p.task.num_agents) if roles else None
     if roles and num_roles is None:
         raise CLIError(
             f"{p.algorithm} needs the number of roles: give one formatter per role "

@@ -155,9 +155,10 @@ def _import_module(name: str) -> Any:
         if not path.is_file():
             raise CLIError(f"file {name!r} not found.")
         spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        assert spec is not None and spec.loader is not None  # a .py file always has both
+        module = importlib.util.module_from_spec(spec)
         sys.modules.setdefault(path.stem, module)  # pickling/multiprocessing find it by name
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        spec.loader.exec_module(module)
         return module
     try:
         return importlib.import_module(name)

@@ -2,32 +2,43 @@
 
 A learner is the algorithm: it holds the optimizers (and schedulers, references, critics) and
 turns one batch into optimizer steps through the one engine (engine.py):
-``update(batch) -> metrics``. The trainer is the loop around it and only calls this protocol.
+``update(batch) -> metrics`` (``BatchLearner``). The trainer is the loop around it and only
+calls these protocols.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
 from cmlrl_agents.learning.schedules import apply_learning_rates, make_schedulers
 from cmlrl_agents.runs.config import SharedConfig
 
-__all__ = ["Learner", "OptimizedLearner"]
+if TYPE_CHECKING:
+    from cmlrl_agents.policies.reference import Reference
+
+__all__ = ["BatchLearner", "Learner", "OptimizedLearner"]
 
 B = TypeVar("B", contravariant=True)
+C = TypeVar("C", bound=SharedConfig)
 
 
-class Learner(Protocol[B]):
-    """What a trainer needs of its learner."""
+class Learner(Protocol):
+    """What a trainer's loop and its checkpoints need of its learner."""
 
     args: Any
     schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR]
 
-    def update(self, batch: B) -> dict[str, float]:
-        """Every optimizer step of one batch; the round's metrics."""
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The agents' optimizers, in agent order."""
+        ...
+
+    @property
+    def reference_models(self) -> list[Reference] | None:
+        """The agents' frozen references (None: the learner keeps none)."""
         ...
 
     def schedule(self, rounds: Iterable[int] | None) -> None:
@@ -43,11 +54,20 @@ class Learner(Protocol[B]):
         ...
 
 
-class OptimizedLearner:
-    """Schedules and learning rates of a learner's named optimizers (``named_optimizers``),
-    each param group at ``learning_rates(name)[i]``."""
+class BatchLearner(Learner, Protocol[B]):
+    """A learner that takes a round's batch at once (the MAGRPO family's and the actor-critics';
+    MADPO's steps over pairs instead: ``DPOLearner.step``)."""
 
-    args: SharedConfig
+    def update(self, batch: B) -> dict[str, float]:
+        """Every optimizer step of one batch; the round's metrics."""
+        ...
+
+
+class OptimizedLearner(Generic[C]):
+    """Schedules and learning rates of a learner's named optimizers (``named_optimizers``),
+    each param group at ``learning_rates(name)[i]``; ``args`` is the learner's config class."""
+
+    args: C
     schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR]
 
     def named_optimizers(self) -> Mapping[str, torch.optim.Optimizer]:

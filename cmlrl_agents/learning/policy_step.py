@@ -37,6 +37,7 @@ from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.learning.engine import ChunkLoss, StepPlan
 from cmlrl_agents.policies.adapters import JointPass, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
+from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 
@@ -70,7 +71,7 @@ class PolicyStep:
     def __init__(
         self,
         agents: Sequence[LLMAgent],
-        references: Sequence[object] | None,
+        references: Sequence[Reference] | None,
         objective: PolicyObjective,
         num_turns: int,
     ) -> None:
@@ -172,7 +173,7 @@ class PolicyStep:
             [k for k, _ in chunk],
             [rows[i].prompt_ids for _, i in chunk],
             [rows[i].completion_ids for _, i in chunk],
-            None if refs is None else refs[group[0]],  # type: ignore[arg-type]
+            None if refs is None else refs[group[0]],
             policy_context=heads,
             # A value head reads the trunk's states of the prompt's last token, which the
             # shared-prefix pass does not give in one forward.

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.model_setup import LOW_PRECISION
 from cmlrl_agents.policies.reference import Reference, reference_logprobs
 from cmlrl_agents.policies.tokens import Temperature, TokenBatch, build_batch
+
+if TYPE_CHECKING:
+    from peft import PeftMixedModel, PeftModel
 
 __all__ = [
     "JointPass",
@@ -81,7 +84,7 @@ def attach_adapters(agents: Sequence[LLMAgent], configs: Sequence[Any]) -> list[
                 "peft_config asks to add adapters; pass the plain base models with peft_config, "
                 "or the PeftModels without peft_config."
             )
-    wrapped: dict[int, nn.Module] = {}
+    wrapped: dict[int, PeftModel | PeftMixedModel] = {}
     out = []
     for i, (agent, config) in enumerate(zip(agents, configs, strict=True)):
         name = f"agent_{i}"
@@ -137,7 +140,8 @@ def joint_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
 def _dropout(model: nn.Module) -> bool:
     if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
         return True
-    config = model.get_base_model().config.to_dict()
+    # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+    config = model.get_base_model().config.to_dict()  # type: ignore[operator]
     return any("dropout" in k and isinstance(v, float) and v > 0 for k, v in config.items())
 
 

@@ -164,7 +164,8 @@ class LLMAgent:
     def activate(self) -> None:
         """Make this agent's adapter the active one on its shared base (no-op without one)."""
         if self.adapter is not None and self.model.active_adapter != self.adapter:
-            self.model.set_adapter(self.adapter)
+            # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+            self.model.set_adapter(self.adapter)  # type: ignore[operator]
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What this agent's optimizer steps: its adapter, or its model's trainable weights."""
@@ -279,7 +280,8 @@ class LLMAgent:
             torch.inference_mode(),
             only_our_generation_settings(self.model),
         ):
-            generated = self.model.generate(
+            # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+            generated = self.model.generate(  # type: ignore[operator]
                 **generate_inputs(self.model, input_ids, attention_mask, adapter_names),
                 pad_token_id=self.pad_token_id,
                 eos_token_id=sorted(self.eos_token_ids),

@@ -98,7 +98,8 @@ def build_agents(
             )
         specs: list[Any] = [agent_model] * num_agents
     else:
-        specs = list(agents)  # type: ignore[arg-type]
+        assert agents is not None  # both None was refused above
+        specs = list(agents)
     if configs is not None and agent_model is not None:  # one base for the whole team
         one = _build_one(agent_model, _tokenizer_for(tokenizer, 0, num_agents), config, 0,
                          None if devices is None else devices[0])  # fmt: skip

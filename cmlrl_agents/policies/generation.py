@@ -74,7 +74,7 @@ class HFGenerate:
                 continue
             for index, completions in zip(group, _one_call(agents, requests, group), strict=True):
                 out[index] = completions
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # the loop filled every request's slot
 
     def sync(self, agents: Sequence[Any]) -> None:
         """Nothing to do: ``generate`` reads the live weights."""

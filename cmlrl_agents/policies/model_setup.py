@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from cmlrl_agents.policies.model_methods import base_model, input_embeddings
+
 __all__ = [
     "check_local_model_path",
     "check_vocabulary",
@@ -70,7 +72,7 @@ def fp32_master_weights(model: nn.Module) -> torch.dtype | None:
 
 def check_vocabulary(model: nn.Module, tokenizer: Any) -> None:
     """Refuse a model whose embedding table cannot hold every id the tokenizer produces."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = input_embeddings(model)
     rows = getattr(embeddings, "num_embeddings", None)
     try:
         size = len(tokenizer)
@@ -126,12 +128,13 @@ def only_our_generation_settings(model: nn.Module) -> Iterator[None]:
 
     # PEFT's generate copies the wrapped model's generation_config onto itself, so the swap is
     # made on the innermost transformers model.
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    target = base_model(model)
     original = getattr(target, "generation_config", None)
     if original is None:
         yield
         return
-    target.generation_config = GenerationConfig()
+    # nn.Module.__setattr__ is annotated for tensors and modules; any value may be set.
+    target.generation_config = GenerationConfig()  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -23,13 +23,14 @@ of one adapter: the same text under another adapter has other keys and values.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
+from cmlrl_agents.policies.model_methods import base_model
 from cmlrl_agents.policies.tokens import (
     Temperature,
     TokenBatch,
@@ -121,7 +122,8 @@ def _left_padded(
 def _cache_keyword(model: nn.Module) -> str:
     # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name
     # warns); models written for older versions still take ``past_key_values``.
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
+    names: Mapping[str, inspect.Parameter]
     try:
         names = inspect.signature(base.forward).parameters
     except (TypeError, ValueError):
@@ -136,14 +138,14 @@ def _names(names: Sequence[str | None]) -> list[str] | None:
 
 def _forward(
     model: nn.Module, keep: int, adapter_names: list[str] | None, cache: Cache, **inputs: Tensor
-) -> tuple[Tensor, Cache | None]:
+) -> tuple[Tensor, Cache]:
     kwargs: dict[str, Any] = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
     if adapter_names is not None:
         kwargs["adapter_names"] = adapter_names
     out = model(use_cache=True, **{_cache_keyword(model): cache}, **inputs, **kwargs)
     # ``.get`` of the old name warns on 5.24, so it is looked up only where "cache" is absent.
     returned = out["cache"] if "cache" in out else out.get("past_key_values")
-    expected = inputs["attention_mask"].shape[1]  # type: ignore[union-attr]
+    expected = inputs["attention_mask"].shape[1]
     if returned is None or returned.get_seq_length() != expected:
         # Gradient checkpointing turns the cache off in training (and hands back the empty
         # cache it was given): the continuations would then score without their prompt.
@@ -307,7 +309,7 @@ def shared_prompt_cache(
     index: dict[tuple[str | None, tuple[int, ...]], int] = {}
     rows = zip(names, input_ids.tolist(), strict=True)
     owner = [index.setdefault((name, tuple(row)), len(index)) for name, row in rows]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     keyword = _cache_keyword(model)
     takes_cache = keyword in inspect.signature(base.forward).parameters
     if len(index) == len(owner) or input_ids.shape[1] < 2 or not takes_cache:

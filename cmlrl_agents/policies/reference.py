@@ -39,7 +39,8 @@ class BaseWithoutAdapters:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), self.model.disable_adapter():
+            # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+            with torch.no_grad(), self.model.disable_adapter():  # type: ignore[operator]
                 return sequence_logprobs(self.model, batch, temperature=temperature)
         finally:
             self.model.train(was_training)
@@ -108,11 +109,12 @@ def kl_turn_means(
 ) -> dict[str, float]:
     """Team means of the per-agent ``agent_i/turn_k/reference_kl_*`` metrics under the seed's
     ``turn_k/…`` names, for the turns every agent has (names looked up, never parsed)."""
-    out = {}
+    out: dict[str, float] = {}
     for turn in range(1, num_turns + 1):
         for name in KL_METRICS:
             key = turn_key(turn, name)
             values = [metrics.get(f"agent_{a}/{key}") for a in range(num_agents)]
-            if all(v is not None for v in values):
-                out[key] = sum(values) / num_agents  # type: ignore[arg-type]
+            present = [v for v in values if v is not None]
+            if len(present) == len(values):
+                out[key] = sum(present) / num_agents
     return out

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cmlrl_agents.policies.model_methods import base_model, input_embeddings
+
 __all__ = [
     "Temperature",
     "TokenBatch",
@@ -196,7 +198,7 @@ def build_batch(
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
     # PEFT wrappers forward **kwargs to the base model, so look at the model that computes logits.
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     try:
         return "logits_to_keep" in inspect.signature(base.forward).parameters
     except (TypeError, ValueError):
@@ -205,7 +207,7 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
 
 def _check_vocab(model: nn.Module, input_ids: Tensor, top: int | None = None) -> None:
     # The embedding lookup would fail with a bare "index out of range in self".
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = input_embeddings(model)
     vocab = getattr(embeddings, "num_embeddings", None)
     if vocab is None:
         return

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cmlrl_agents.policies.model_methods import base_model, input_embeddings
+
 __all__ = ["HeadCaptures", "ValueHead", "ValueModel", "find_trunk"]
 
 HEAD_FILE = "value_head.pt"
@@ -50,12 +52,11 @@ class ValueHead(nn.Module):
         # From the global generator: a trainer applies `args.seed` before it builds any model
         # or head, so a seeded run gets the same head every time.
         if hidden_dim is None:
-            self.net: nn.Module = nn.Linear(hidden_size, 1)
+            last = nn.Linear(hidden_size, 1)
+            self.net: nn.Module = last
         else:
-            self.net = nn.Sequential(
-                nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)
-            )
-        last = self.net if hidden_dim is None else self.net[-1]
+            first, last = nn.Linear(hidden_size, hidden_dim), nn.Linear(hidden_dim, 1)
+            self.net = nn.Sequential(first, nn.Tanh(), last)
         nn.init.zeros_(last.bias)  # a state-independent offset has nothing to learn from at init
 
     def forward(self, hidden: Tensor) -> Tensor:
@@ -72,7 +73,7 @@ def find_trunk(model: nn.Module) -> nn.Module | None:
 
     PEFT wrappers are looked through (``get_base_model()``), so LoRA layers stay in the path.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     prefix = getattr(base, "base_model_prefix", None)
     trunk = getattr(base, prefix, None) if isinstance(prefix, str) and prefix else None
     return trunk if isinstance(trunk, nn.Module) and trunk is not base else None
@@ -84,9 +85,9 @@ def _hidden_size(model: nn.Module) -> int:
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if isinstance(getattr(embeddings, "embedding_dim", None), int):
-        return embeddings.embedding_dim
+    dim = getattr(input_embeddings(model), "embedding_dim", None)
+    if isinstance(dim, int):
+        return dim
     raise ValueError(
         f"cannot tell the hidden size of {type(model).__name__} (no config.hidden_size and no "
         "input embeddings); pass hidden_size= to ValueModel."
@@ -143,6 +144,10 @@ class ValueModel(nn.Module):
         hidden_size: needed only when the model's config does not say.
     """
 
+    # Set with object.__setattr__ when not registered as submodules (see __init__).
+    model: nn.Module
+    trunk: nn.Module | None
+
     def __init__(
         self,
         model: nn.Module,
@@ -180,6 +185,7 @@ class ValueModel(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        kwargs: dict[str, Any]
         module, kwargs = (
             (self.trunk, {})
             if self.trunk is not None
@@ -239,7 +245,8 @@ class ValueModel(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if not self.shared:
-            self.model.save_pretrained(folder)
+            # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+            self.model.save_pretrained(folder)  # type: ignore[operator]
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
         torch.save(self.head.state_dict(), folder / HEAD_FILE)

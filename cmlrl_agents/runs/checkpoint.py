@@ -189,6 +189,7 @@ def save_checkpoint(
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
         raise ValueError(f"keep_last must be None (keep all) or an int >= 1, got {keep_last!r}.")
+    rngs: list[Mapping[str, Any]]
     if weights_only:
         optimizers, schedulers, rngs = {}, {}, []
     else:

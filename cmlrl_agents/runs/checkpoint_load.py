@@ -13,12 +13,15 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors
 import safetensors.torch
 import torch
+
+if TYPE_CHECKING:
+    from torch.nn.modules.module import _IncompatibleKeys
 
 __all__ = ["CheckpointError", "load_checkpoint", "read_checkpoint"]
 
@@ -95,7 +98,7 @@ def load_checkpoint(
     if not weights_only:
         _check_resumable(path, manifest, world_size)
     optimizers, schedulers = dict(optimizers or {}), dict(schedulers or {})
-    parts = [("models", models, manifest["models"])]
+    parts: list[tuple[str, Mapping[str, object], Any]] = [("models", models, manifest["models"])]
     if not weights_only:
         parts += [
             ("optimizers", optimizers, manifest["optimizers"]),
@@ -229,7 +232,8 @@ def _load_model(model: torch.nn.Module, path: Path, name: str) -> None:
     for adapter in adapters:
         prefix = f"{adapter}/"
         sub = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        result = set_peft_model_state_dict(model, sub, adapter_name=adapter)
+        # peft annotates its result as ``namedtuple``, which is no type: torch's is the real one.
+        result: _IncompatibleKeys = set_peft_model_state_dict(model, sub, adapter_name=adapter)
         if result.unexpected_keys:
             raise CheckpointError(
                 f"{path.name}: adapter {adapter!r} has weights the model lacks: "

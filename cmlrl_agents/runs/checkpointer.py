@@ -64,7 +64,7 @@ class Checkpointer:
     def save(
         self,
         name: int,
-        learner: Learner[Any],
+        learner: Learner,
         state: dict[str, Any],
         *,
         keep_last: int | None,
@@ -118,7 +118,7 @@ class Checkpointer:
     def load(
         self,
         path: Path,
-        learner: Learner[Any],
+        learner: Learner,
         check: Callable[[dict[str, Any]], None],
         *,
         weights_only: bool = False,
@@ -147,10 +147,13 @@ def save_models(agents: Sequence[LLMAgent], output_dir: str | Path, parallel: Da
     for i, agent in enumerate(agents if parallel.is_main else []):
         folder = Path(output_dir) / f"agent_{i}"
         if agent.adapter is None:
-            agent.model.save_pretrained(folder)
+            # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
+            agent.model.save_pretrained(folder)  # type: ignore[operator]
         else:
             # peft writes a named adapter into <dir>/<name>; write it there, then move it.
-            agent.model.save_pretrained(folder / "_adapter", selected_adapters=[agent.adapter])
+            agent.model.save_pretrained(  # type: ignore[operator]  # as above
+                folder / "_adapter", selected_adapters=[agent.adapter]
+            )
             for file in (folder / "_adapter" / agent.adapter).iterdir():
                 file.replace(folder / file.name)
             shutil.rmtree(folder / "_adapter")

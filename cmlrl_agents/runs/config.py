@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from cmlrl_agents.runs.config_names import unknown_field_message
+
+if TYPE_CHECKING:
+    from cmlrl_agents.policies.agent import SamplingConfig
 
 __all__ = ["ValidatedConfig", "SharedConfig"]
 
@@ -375,7 +378,7 @@ class SharedConfig(ValidatedConfig):
         for i, overrides in enumerate(value):
             self.sampling_for(i, overrides)
 
-    def sampling_for(self, agent: int, overrides: dict[str, Any] | None = None) -> Any:
+    def sampling_for(self, agent: int, overrides: dict[str, Any] | None = None) -> SamplingConfig:
         """Agent ``agent``'s ``SamplingConfig``: the shared fields with its ``agent_sampling``
         entry applied."""
         from cmlrl_agents.policies.agent import SamplingConfig

@@ -73,7 +73,7 @@ def shard_round(num_items: int, per_step: int, rank: int, world_size: int) -> li
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     if per_step < 1 or num_items < 0:
         raise ValueError(f"per_step={per_step} must be >= 1 and num_items={num_items} >= 0")
-    taken = []
+    taken: list[tuple[int, int]] = []
     for window, start in enumerate(range(0, num_items, per_step)):
         size = min(per_step, num_items - start)
         block = math.ceil(size / world_size)

@@ -24,6 +24,7 @@ from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.generation import GenerationBackend
 from cmlrl_agents.runs.distributed import DataParallel
 from cmlrl_agents.runs.rollout import GroupStepEnv, RolloutTree, collect_tree
+from cmlrl_env import CoMLRLEnv
 
 __all__ = [
     "Evaluator",
@@ -128,7 +129,7 @@ class Evaluator:
     is played), the agents, the generation backend, the launch, and the task's training
     threshold and turns (the standard metrics score each item as training would)."""
 
-    env: GroupStepEnv | None
+    env: CoMLRLEnv | None
     agents: Sequence[Any]
     backend: GenerationBackend
     parallel: DataParallel

@@ -28,7 +28,7 @@ from cmlrl_agents.runs.metrics import reward_postfix
 from cmlrl_agents.runs.plotting import plot_metrics
 from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_agents.runs.threads import apply_num_threads
-from cmlrl_agents.runs.trainer_base import EVAL_KEYS, TrainerBase
+from cmlrl_agents.runs.trainer_base import EVAL_KEYS, ConfigT, LearnerT, TrainerBase
 from cmlrl_agents.runs.trainer_checks import (
     resume_target,
     train_kwargs_error,
@@ -41,7 +41,7 @@ IndexedItem = tuple[Mapping[str, Any], int | None]
 it."""
 
 
-class TeamTrainer(TrainerBase):
+class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
     """Base of every trainer: the loop, evaluation and checkpoints (module docstring)."""
 
     def train(
@@ -140,7 +140,8 @@ class TeamTrainer(TrainerBase):
         """The epoch's rounds of ``_items_per_round()`` items in dataset order from ``skip``
         (the position a resumed run restores)."""
         assert self.env is not None, "train() checks for a train_dataset first"
-        size, batch = self._items_per_round(), []
+        size = self._items_per_round()
+        batch: list[IndexedItem] = []
         for index, item in self.env.epoch_items(self.epoch + 1, skip, name="train_dataset"):
             batch.append((item, index))
             if len(batch) == size:
@@ -233,7 +234,7 @@ class TeamTrainer(TrainerBase):
     def track_best(self, metrics: Mapping[str, float]) -> None:
         """Keep the weights of the best ``save_best_by`` value so far in ``run_dir/best/``."""
         name = self.args.save_best_by
-        if name not in metrics:
+        if name is None or name not in metrics:
             raise ValueError(
                 f"save_best_by={name!r} is not a metric of this evaluation "
                 f"({sorted(metrics)}); name one of them."

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, Generic, TypeVar, Unpack
 
 import torch
 from transformers import set_seed
@@ -23,6 +23,7 @@ from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.build import build_agents
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.generation import GenerationBackend, make_backend
+from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.checkpointer import Checkpointer, save_models
 from cmlrl_agents.runs.config import SharedConfig
@@ -43,13 +44,19 @@ from cmlrl_agents.runs.trainer_setup import eval_env, task_spec, team_size
 from cmlrl_agents.runs.trainer_state import RunState
 from cmlrl_env import CoMLRLEnv, TaskSpec
 
-__all__ = ["TRAIN_KEYS", "EVAL_KEYS", "PAIR_KEYS", "TrainerBase"]
+__all__ = ["TRAIN_KEYS", "EVAL_KEYS", "PAIR_KEYS", "ConfigT", "LearnerT", "TrainerBase"]
 
 TRAIN_KEYS, EVAL_KEYS, PAIR_KEYS = 1, 2, 3
 """The key spaces of a run's sampling keys (``row_key(seed, space, ...)``)."""
 
 
-class TrainerBase(RunState):
+ConfigT = TypeVar("ConfigT", bound=SharedConfig)
+"""A trainer's config class (``MAGRPOConfig``, ...): the type of ``trainer.args``."""
+LearnerT = TypeVar("LearnerT", bound=Learner)
+"""A trainer's learner class: the type of ``trainer.learner``."""
+
+
+class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
     """What every trainer is made of: see the module docstring."""
 
     algorithm = "base"
@@ -59,13 +66,14 @@ class TrainerBase(RunState):
     )
     """Config fields read once, at construction: assigning a new value raises (see
     ``ValidatedConfig.fix_fields``)."""
-    learner: Learner[Any]
+    learner: LearnerT
+    _args: ConfigT
 
     # -- the loop -----------------------------------------------------------------------------
     def __init__(
         self,
         *,
-        args: SharedConfig,
+        args: ConfigT,
         agent_model: Any = None,
         extra_config: Mapping[str, Any] | None = None,
         **team: Unpack[TeamKeywords],
@@ -149,12 +157,12 @@ class TrainerBase(RunState):
         }
 
     @property
-    def args(self) -> SharedConfig:
+    def args(self) -> ConfigT:
         """The config; the fields in ``fixed_fields`` cannot change after construction."""
         return self._args
 
     @args.setter
-    def args(self, value: SharedConfig) -> None:
+    def args(self, value: ConfigT) -> None:
         if "_args" in self.__dict__:
             if type(value) is not type(self._args):
                 raise TypeError(
@@ -177,7 +185,7 @@ class TrainerBase(RunState):
     def eval_env(self) -> CoMLRLEnv | None:
         """The env over ``eval_dataset`` with early termination off (None without one); the
         evaluator's, which a trainer may replace (MARLHF's RL phase evaluates on its own)."""
-        return self.evaluator.env  # type: ignore[return-value]
+        return self.evaluator.env
 
     @eval_env.setter
     def eval_env(self, env: CoMLRLEnv | None) -> None:
@@ -191,17 +199,17 @@ class TrainerBase(RunState):
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The agents' optimizers (held by ``learner``)."""
-        return self.learner.optimizers  # type: ignore[attr-defined, no-any-return]
+        return self.learner.optimizers
 
     @property
-    def reference_models(self) -> list[Any] | None:
+    def reference_models(self) -> list[Reference] | None:
         """The frozen references of ``reference_kl_enabled`` (held by ``learner``)."""
-        return self.learner.reference_models  # type: ignore[attr-defined, no-any-return]
+        return self.learner.reference_models
 
     @property
     def sampling(self) -> SamplingConfig:
         """The shared sampling settings (``agent_sampling`` overrides them per agent)."""
-        return self.args.sampling_for(0, {})  # type: ignore[no-any-return]
+        return self.args.sampling_for(0, {})
 
     @property
     def agent_sampling(self) -> list[SamplingConfig]:

@@ -13,11 +13,13 @@ import html
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_agents.runs.tree_view import TreeNode, TreeView, rollout_tree_view
@@ -134,11 +136,17 @@ def _draw_boxes(axes: Axes, view: TreeView, rows: dict[int | None, float], chars
     low, high = min(rewards), max(rewards)
     cmap = colormaps["RdYlGn"]
     box = {"boxstyle": "round,pad=0.35", "linewidth": 1.0}
-    style = {"fontsize": 7.5, "family": "monospace", "va": "center", "ha": "left", "zorder": 3}
+    style: dict[str, Any] = {
+        "fontsize": 7.5,
+        "family": "monospace",
+        "va": "center",
+        "ha": "left",
+        "zorder": 3,
+    }
     root_lines = [f"item {view.item_index}"] + [
         f"a{a}: {_snippet(p, chars)}" for a, p in enumerate(view.root_prompts)
     ]
-    texts = {
+    texts: dict[int | None, Text] = {
         None: axes.text(
             0.0,
             rows[None],

@@ -90,15 +90,10 @@ class TreeView:
         nodes = []
         for i, raw in enumerate(data["nodes"]):
             _check_keys(f"node {i}", raw, node_keys)
-            nodes.append(
-                TreeNode(
-                    **{
-                        k: tuple(v) if isinstance(v, list) else v
-                        for k, v in raw.items()
-                        if k in node_keys
-                    }
-                )
-            )
+            values: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in node_keys
+            }
+            nodes.append(TreeNode(**values))
         return cls(**{**data, "nodes": tuple(nodes)})
 
     def save(self, path: str | Path) -> Path:
