@@ -75,7 +75,7 @@ class Candidate:
         except (ValueError, TypeError, RecursionError, OverflowError, MemoryError) as exc:
             raise ProgramFailed(f"the answer could not be read: {exc}"[:300]) from None
 
-    def _reply(self, ident: int) -> dict:
+    def _reply(self, ident: int) -> dict[str, Any]:
         while True:  # an answer to an earlier call that timed out may still come first
             try:
                 reply = self._link.receive()
@@ -107,7 +107,7 @@ def _await_load(link: Any, deadline: float) -> str | None:
 
 
 def _execute(
-    code: Any, namespace: dict, candidate: Candidate, link: Any, end: float
+    code: Any, namespace: dict[str, Any], candidate: Candidate, link: Any, end: float
 ) -> tuple[str | None, str | None]:
     """(why the statement failed or None, why the program is gone or None)."""
     candidate.deadline = end
@@ -132,7 +132,7 @@ def _execute(
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def run(link: Any, payload: dict, deadline: float) -> dict:
+def run(link: Any, payload: dict[str, Any], deadline: float) -> dict[str, Any]:
     """Run the problem's ``check`` against the program behind ``link``; see the module doc."""
     namespace: dict[str, Any] = {"__name__": "__checker__"}
     for source in payload["setup"]:

@@ -32,6 +32,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: this file starts ev
 if TYPE_CHECKING:
     import types
     from collections.abc import Callable
+    from typing import Any
 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # -I left it out; stdlib first
 from _sandbox_sys import (  # noqa: E402
@@ -96,7 +97,7 @@ class Link:
         os.kill(self._init, signal.SIGKILL)
 
 
-def _load_checker(spec: dict | None) -> "types.ModuleType | None":
+def _load_checker(spec: "dict[str, Any] | None") -> "types.ModuleType | None":
     """The checker's module, built from the sources the trainer sent (before the program runs)."""
     if spec is None:
         return None
@@ -119,7 +120,7 @@ def _fail(message: str) -> None:
     os._exit(SETUP_FAILED)
 
 
-def _exec_program(config: dict, fds: list[int], workdir: str) -> None:
+def _exec_program(config: "dict[str, Any]", fds: list[int], workdir: str) -> None:
     """In the program's process: its descriptors, limits and user id, then the interpreter."""
     try:
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]
@@ -142,9 +143,9 @@ def _exec_program(config: dict, fds: list[int], workdir: str) -> None:
     os._exit(SETUP_FAILED)
 
 
-def _init(config: dict, fds: list[int], workdir: str, status: int) -> None:
+def _init(config: "dict[str, Any]", fds: list[int], workdir: str, status: int) -> None:
     """The run's init: start the program, wait for it, report its end, exit (killing the rest)."""
-    message: dict = {"error": "init failed"}
+    message: dict[str, Any] = {"error": "init failed"}
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if config["proc"]:
@@ -183,11 +184,15 @@ def _ended(status: int, timeout: float) -> bool:
 
 
 def _supervise(
-    config: dict, checker: "types.ModuleType | None", init: int, ends: list[int], status: int
-) -> dict:
+    config: "dict[str, Any]",
+    checker: "types.ModuleType | None",
+    init: int,
+    ends: list[int],
+    status: int,
+) -> "dict[str, Any]":
     """Run the checker (or wait) until the program ends or the wall clock runs out."""
     deadline = config["start"] + config["wall_time_s"]
-    out: dict = {"timed_out": False, "report": None, "returncode": None}
+    out: dict[str, Any] = {"timed_out": False, "report": None, "returncode": None}
     if checker is not None:
         link = Link(ends[0], ends[1], config["checker"]["max_bytes"], init)
         try:
@@ -216,7 +221,7 @@ def _read_start(path: str, chars: int) -> str:
         return f.read(chars * 4).decode("utf-8", errors="replace")[:chars]
 
 
-def run(config: dict) -> None:
+def run(config: "dict[str, Any]") -> None:
     try:
         if config["cgroup"]:  # before the mounts turn read-only; init and program inherit it
             with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as f:

@@ -14,6 +14,10 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # typing is not imported at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 IPC_RMID = 0
 WAIT_S = 5.0
@@ -50,7 +54,7 @@ def _processes_left(uid: int) -> bool:
 
 def _remove_ipc(uid: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    removers = {
+    removers: dict[str, tuple[str, Callable[[int], int]]] = {
         "shm": ("shmid", lambda i: libc.shmctl(i, IPC_RMID, None)),
         "msg": ("msqid", lambda i: libc.msgctl(i, IPC_RMID, None)),
         "sem": ("semid", lambda i: libc.semctl(i, 0, IPC_RMID)),

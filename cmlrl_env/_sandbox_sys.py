@@ -3,9 +3,15 @@
 Used by ``_sandbox_child.py`` in the launcher process; never imported by the trainer's packages.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import resource
+
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher starts every program
+if TYPE_CHECKING:
+    from typing import Any
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -91,7 +97,7 @@ def _hide(paths: list[str]) -> None:
             mount("/dev/null", path, None, MS_BIND)
 
 
-def private_files(config: dict) -> tuple[str, str]:
+def private_files(config: dict[str, Any]) -> tuple[str, str]:
     """In a new mount namespace: the run's private files; (work folder, output folder).
 
     Mounts become private (nothing propagates to the host) and, when ``read_only``, read-only;
@@ -119,7 +125,7 @@ def private_files(config: dict) -> tuple[str, str]:
     return workdir, outdir
 
 
-def set_limits(limits: dict) -> None:
+def set_limits(limits: dict[str, Any]) -> None:
     """The program's resource limits (kept across ``exec``)."""
     cpu = int(limits["cpu_time_s"])
     # CPU: SIGXCPU at the soft limit, SIGKILL one second later if the program ignores it.

@@ -284,21 +284,25 @@ def score_code(
     return score_batch(problem, [helper], [main], limits, test_timeout_s)[0]
 
 
+_ScoreKey = tuple[CodeProblem, str | None, SandboxLimits, float]
+"""The problem, the program (None: it did not compile), the limits and the test timeout."""
+
+
 class _ScoreCache:
     """The last ``size`` graded answers: the multi-turn feedback reuses the reward's runs."""
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
-        self._data: OrderedDict[tuple, CodeScore] = OrderedDict()
+        self._data: OrderedDict[_ScoreKey, CodeScore] = OrderedDict()
 
-    def __contains__(self, key: tuple) -> bool:
+    def __contains__(self, key: _ScoreKey) -> bool:
         return key in self._data
 
-    def get(self, key: tuple) -> CodeScore:
+    def get(self, key: _ScoreKey) -> CodeScore:
         self._data.move_to_end(key)
         return self._data[key]
 
-    def put(self, key: tuple, score: CodeScore) -> None:
+    def put(self, key: _ScoreKey, score: CodeScore) -> None:
         self._data[key] = score
         while len(self._data) > self.size:
             self._data.popitem(last=False)

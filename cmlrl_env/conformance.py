@@ -44,7 +44,7 @@ __all__ = [
     "check_text_contract",
 ]
 
-EnvFactory = Callable[..., ParallelEnv]
+EnvFactory = Callable[..., ParallelEnv[Any, Any, Any]]
 
 # PettingZoo's api_test and state_test warn about every non-numeric space; for a text env these
 # say nothing about the task, so check_env silences exactly these and nothing else.
@@ -283,7 +283,9 @@ def _quiet_text_warnings() -> Iterator[None]:
         yield
 
 
-def _action_sampler(env: ParallelEnv, seed: int) -> Callable[[list[str]], dict[str, str]]:
+def _action_sampler(
+    env: ParallelEnv[Any, Any, Any], seed: int
+) -> Callable[[list[str]], dict[str, str]]:
     """Seeded random completions from the env's own action spaces, as PettingZoo's tests use."""
     for i, agent in enumerate(env.possible_agents):
         env.action_space(agent).seed(seed + i)
@@ -301,7 +303,7 @@ def _same(where: str, field: str, a: Any, b: Any) -> None:
         )
 
 
-def _check_observations(env: ParallelEnv, obs: dict[str, Any], where: str) -> None:
+def _check_observations(env: ParallelEnv[Any, Any, Any], obs: dict[str, Any], where: str) -> None:
     for agent in env.possible_agents:
         if agent not in obs:
             raise ConformanceError("text_contract", f"{where}: no observation for {agent}.")

@@ -296,7 +296,9 @@ def _child_limits(limits: SandboxLimits) -> dict[str, int]:
     }
 
 
-def _launch(config: dict, limits: SandboxLimits, isolated: bool) -> tuple[RunResult, bool]:
+def _launch(
+    config: dict[str, Any], limits: SandboxLimits, isolated: bool
+) -> tuple[RunResult, bool]:
     """Start the launcher and read its one line: (the result, whether the backstop fired)."""
     start = time.monotonic()
     proc = subprocess.Popen(

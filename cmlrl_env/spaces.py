@@ -149,7 +149,7 @@ if hasattr(space_utils, "_flat_dtype"):
 
 
 # -- vector utilities: a batch of text is a tuple of str ------------------------------------------
-class TextBatch(spaces.Tuple):
+class TextBatch(spaces.Tuple[str]):
     """``batch_space(TextSpace, n)``: one ``TextSpace`` per vector env; values are tuples of str.
 
     A plain ``Tuple`` of ``TextSpace`` would not do: once ``TextSpace`` has an ``iterate``,
@@ -198,7 +198,7 @@ def _create_shared_memory(space: TextSpace, n: int = 1, ctx: ModuleType = mp) ->
     return ctx.Array(np.dtype(np.uint8).char, n * space.flat_bytes)
 
 
-class SharedTextView(CollectionsSequence):
+class SharedTextView(CollectionsSequence[str]):
     """The str of each env, decoded from shared memory when read (``AsyncVectorEnv``).
 
     ``AsyncVectorEnv`` reads its shared memory once, at construction, and expects a view that

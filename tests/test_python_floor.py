@@ -25,6 +25,11 @@ def test_ruff_targets_the_floor() -> None:
     assert PYPROJECT["tool"]["ruff"]["target-version"] == f"py{major}{minor}"
 
 
+def test_mypy_targets_the_floor() -> None:
+    major, minor = floor()
+    assert PYPROJECT["tool"]["mypy"]["python_version"] == f"{major}.{minor}"
+
+
 def test_this_interpreter_satisfies_the_floor() -> None:
     assert sys.version_info[:2] >= floor()
 

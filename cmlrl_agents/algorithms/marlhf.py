@@ -130,7 +130,7 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
             source, device=self.args.reward_model_device, max_length=self.args.reward_max_length
         )
 
-    def _rl_trainer(self, options: dict[str, Any]) -> TeamTrainer:
+    def _rl_trainer(self, options: dict[str, Any]) -> TeamTrainer[Any, Any]:
         """The RL trainer over this trainer's agents and training task, rewarded by the reward
         model; its evaluation env is this trainer's (the task reward, early termination off)."""
         assert self.spec is not None, "__init__ checked for a train_dataset"

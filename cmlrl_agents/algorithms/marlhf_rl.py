@@ -28,7 +28,7 @@ from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 
 __all__ = ["RL_OPTION_NAMES", "RL_TRAINERS", "check_rl_options", "refuse_rl_options", "rl_config"]
 
-RL_TRAINERS: dict[str, type[TeamTrainer]] = {
+RL_TRAINERS: dict[str, type[TeamTrainer[Any, Any]]] = {
     "magrpo": MAGRPOTrainer,
     "mareinforce": MAREINFORCETrainer,
     "maremax": MAReMaxTrainer,

@@ -247,7 +247,9 @@ def save_pairs(
     return path
 
 
-def _texts(record: Mapping[str, Any], name: str, agent_names: Sequence[str], where: str) -> tuple:
+def _texts(
+    record: Mapping[str, Any], name: str, agent_names: Sequence[str], where: str
+) -> tuple[str, ...]:
     value = record[name]
     if not isinstance(value, Mapping):
         raise ValueError(

@@ -118,7 +118,8 @@ class PreferenceRewardModel:
     def score(self, texts: Sequence[str]) -> Tensor:
         """``[B]`` scores of ``texts`` (differentiable unless called under ``no_grad``)."""
         ids, mask = self._batch(texts)
-        return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+        logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
+        return logits[:, 0].float()
 
     def __call__(
         self, *completions: list[str], batch_items: Sequence[Mapping[str, Any]] | None = None

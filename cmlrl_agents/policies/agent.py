@@ -202,9 +202,10 @@ class LLMAgent:
         messages = [{"role": "user", "content": prompt}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
+        return text
 
     def generate(
         self,

@@ -61,7 +61,8 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         """``[..., hidden_size] -> [...]`` (computed in the head's dtype, float32 by default)."""
-        return self.net(hidden.to(self.net_dtype)).squeeze(-1)
+        values: Tensor = self.net(hidden.to(self.net_dtype))
+        return values.squeeze(-1)
 
     @property
     def net_dtype(self) -> torch.dtype:
@@ -106,7 +107,7 @@ def _last_hidden(output: Any) -> Tensor:
     """``[B, L, H]`` last-layer hidden states from a trunk or LM output (or a bare tensor)."""
     if isinstance(output, Tensor):
         return output
-    hidden = getattr(output, "last_hidden_state", None)
+    hidden: Tensor | None = getattr(output, "last_hidden_state", None)
     if hidden is None and getattr(output, "hidden_states", None) is not None:
         hidden = output.hidden_states[-1]
     if hidden is None and isinstance(output, tuple) and output and isinstance(output[0], Tensor):
@@ -200,9 +201,10 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, positions: Tensor) -> Tensor:
         """``[B]`` values read at ``positions[b]`` of each row."""
         hidden = self.hidden_states(input_ids, attention_mask)
-        return self.head(
+        values: Tensor = self.head(
             hidden[torch.arange(hidden.shape[0], device=hidden.device), positions.to(hidden.device)]
         )
+        return values
 
     def values(
         self,
@@ -281,7 +283,8 @@ class _Captured:
         if self.hidden is None:
             raise RuntimeError("no forward ran inside ValueModel.capture(); nothing to read.")
         rows = torch.arange(self.hidden.shape[0], device=self.hidden.device)
-        return self.head(self.hidden[rows, positions.to(self.hidden.device)]).float()
+        values: Tensor = self.head(self.hidden[rows, positions.to(self.hidden.device)])
+        return values.float()
 
 
 class HeadCaptures:
