@@ -1,4 +1,4 @@
-"""Writing collaboration (the MAGRPO paper's TLDR-style task) on real news or the project's passages.
+"""Writing collaboration (the MAGRPO paper's TLDR-style task) on real news or our own passages.
 
 Agent 0 writes a concise summary of a passage; agent 1 writes a longer expansion with a richer
 vocabulary. ``writing_reward`` scores the pair in gated levels (a gate that fails stops there):

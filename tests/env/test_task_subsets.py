@@ -12,7 +12,13 @@ from cmlrl_env.code_tasks import _small
 def test_the_small_humaneval_subset_is_the_rule_and_its_split_is_fixed() -> None:
     ids = code_tasks.humaneval_small_ids()
     assert len(ids) == 43
-    assert ids[:5] == ("HumanEval/2", "HumanEval/13", "HumanEval/15", "HumanEval/16", "HumanEval/23")
+    assert ids[:5] == (
+        "HumanEval/2",
+        "HumanEval/13",
+        "HumanEval/15",
+        "HumanEval/16",
+        "HumanEval/23",
+    )
     train, evaluation = code_tasks.humaneval_small_splits()
     assert (len(train), len(evaluation)) == (29, 14)
     assert evaluation["task_id"] == list(ids[2::3])
@@ -55,7 +61,10 @@ def test_news_passages_are_each_article_lead_in_file_order() -> None:
 def test_the_sentence_rule_does_not_split_after_a_title() -> None:
     text = 'Mr. Smith said "Go." Then he left! Dr. Who stayed. The end'
     assert writing_tasks._SENTENCE_END.split(text) == [
-        'Mr. Smith said "Go."', "Then he left!", "Dr. Who stayed.", "The end"
+        'Mr. Smith said "Go."',
+        "Then he left!",
+        "Dr. Who stayed.",
+        "The end",
     ]
 
 
