@@ -42,6 +42,8 @@ def row(result: dict) -> str:
         f"{point[last + '/reward_std']:.3f}",
         str(samples),
     ]
+    if not result["rounds"]:  # evaluated only
+        cells[1] = cells[2] = "not trained"
     cells.append(f"{point['turn_1/pass@1']:.3f}" if "turn_1/pass@1" in point else "")
     cells.append(f"{point['parse_rate']:.3f}" if "parse_rate" in point else "")
     if result["num_turns"] > 1:
@@ -53,6 +55,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--output-dir", default="runs/paper-pilot")
+    parser.add_argument(
+        "--only", nargs="+", metavar="TASK/METHOD", help="these runs only (default: all)"
+    )
+    parser.add_argument(
+        "--eval-only",
+        nargs="+",
+        default=[],
+        metavar="TASK/METHOD",
+        help="these runs evaluate the untrained model and do not train",
+    )
     parser.add_argument(
         "--file", default=str(ROOT / "examples" / "experiments" / "paper_small.yaml")
     )
@@ -72,8 +84,13 @@ def main() -> None:
     )
     rows = []
     for run in runs:
+        key = f"{run.task}/{run.method}"
+        if args.only and key not in args.only:
+            continue
         progress.start(run)
-        result = run.result() if run.finished() else run_one(run, progress, final_eval=False)
+        train = key not in args.eval_only
+        done = run.finished()
+        result = run.result() if done else run_one(run, progress, train=train, final_eval=False)
         rows.append(row(result))
         print(rows[-1], flush=True)
     progress.close()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -283,9 +282,8 @@ def writing_eval_logger(
 def writing_eval_aggregator(
     rows: Sequence[Mapping[str, float]], *, num_turns: int
 ) -> dict[str, float]:
-    """Means over the rows of each value."""
-    values: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        for key, value in row.items():
-            values[key].append(value)
-    return {key: sum(v) / len(v) for key, v in values.items()}
+    """Means over the rows of each value (the code aggregator's, whose only renaming, of pass
+    flags, does not apply to writing rows)."""
+    from cmlrl_env.code_metrics import code_eval_aggregator
+
+    return code_eval_aggregator(rows, num_turns=num_turns)

@@ -142,10 +142,12 @@ def run_files(plan: Any) -> list[Run]:
     return runs
 
 
-def run_one(run: Run, progress: Progress, *, final_eval: bool = True) -> dict[str, Any]:
+def run_one(
+    run: Run, progress: Progress, *, train: bool = True, final_eval: bool = True
+) -> dict[str, Any]:
     """Train and evaluate one run from its beginning (an interrupted run's folder is cleared);
-    write and return ``result.json``. ``final_eval=False`` skips the evaluation after training
-    (the pilot's timing runs)."""
+    write and return ``result.json``. The pilot's runs skip the evaluation after training
+    (``final_eval=False``) or training itself (``train=False``: the untrained evaluation)."""
     from cmlrl_agents.cli.plan import build_trainer, plan
 
     if run.folder.exists():
@@ -169,26 +171,37 @@ def run_one(run: Run, progress: Progress, *, final_eval: bool = True) -> dict[st
     )
     p.task.callbacks = recorder.hooks()
     trainer = build_trainer(p, use_wandb=False)
-    counter = CountingBackend(trainer.generation_backend, on_train=progress.tick)
-    trainer.generation_backend = counter
+    counter = _count_generation(trainer, progress)
     recorder.attach(trainer, counter, compute["items_per_round"], p.config.items_per_step)
-    recorder.final = int(final_eval)
+    recorder.final = int(final_eval and train)
     start = time.perf_counter()
     try:
         if not evaluation["every_rounds"]:
             trainer.evaluate()  # before training; with every_rounds, train() evaluates first
         clock = Clock()
-        trainer.train()
-        train = clock.elapsed()
-        if final_eval:
+        if train:
+            trainer.train()
+        timing = clock.elapsed()
+        if final_eval and train:
             trainer.evaluate()
     finally:
         trainer.close()
-    result = recorder.result(run, train, time.perf_counter() - start)
+    result = recorder.result(run, timing, time.perf_counter() - start)
     tmp = run.result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
     tmp.replace(run.result_path)  # written whole or not at all: a finished run is one with it
     return result
+
+
+def _count_generation(trainer: Any, progress: Progress) -> CountingBackend:
+    """Put a counting wrapper around the trainer's generation backend, where training and
+    evaluation read it (an evaluator that holds its own reference gets it too)."""
+    counter = CountingBackend(trainer.generation_backend, on_train=progress.tick)
+    trainer.generation_backend = counter
+    evaluator = getattr(trainer, "evaluator", None)
+    if evaluator is not None and hasattr(evaluator, "backend"):
+        evaluator.backend = counter
+    return counter
 
 
 def _check_train_size(run: Run, train: Any) -> None:

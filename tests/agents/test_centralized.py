@@ -123,8 +123,10 @@ def test_the_joint_policy_sees_every_role_and_is_scored_by_the_team_reward(tmp_p
         trainer.env, [script], [(item, 0)], num_generations=2, sampling=SamplingConfig()
     )
     (prompt,), _ = script.calls[0]
-    assert writing_tasks.summary_formatter(item) in prompt
-    assert writing_tasks.expansion_formatter(item) in prompt
+    # The passage once, then each role's instruction (its prompt without the shared passage).
+    assert prompt.count(item["prompt"]) == 1
+    for formatter in (writing_tasks.summary_formatter, writing_tasks.expansion_formatter):
+        assert formatter(item).removesuffix(item["prompt"]).strip() in prompt
     assert tree.levels[0].rewards.tolist() == [[3.0, -1.0]]
 
 
