@@ -60,7 +60,10 @@ def test_joint_prompt_states_the_shared_context_once_then_the_tasks_then_the_for
         # The first heading 1, then the first heading 2 after it; any heading ends an answer.
         ("Task 2: b\nTask 1: a\nTask 3: c\nTask 2: b2", ["a", "b2"]),
         # No heading: exactly one fenced block per role, fences kept (the code reward reads them).
-        ("```python\ndef aux(): pass\n```\ntext\n```\nmain()\n```", ["```python\ndef aux(): pass\n```", "```\nmain()\n```"]),  # noqa: E501
+        (
+            "```python\ndef aux(): pass\n```\ntext\n```\nmain()\n```",
+            ["```python\ndef aux(): pass\n```", "```\nmain()\n```"],
+        ),  # noqa: E501
         ("```python\nx = 1\n```", None),
         ("Task 1: a", None),  # a role missing
         ("Task 1:\nTask 2: b", None),  # an empty answer
@@ -113,11 +116,7 @@ def test_the_joint_policy_sees_every_role_and_is_scored_by_the_team_reward(tmp_p
     assert (trainer.num_agents, trainer.num_roles) == (1, 2)
     item = writing_tasks.writing_dataset()[0]
     script = ScriptedPolicy(
-        lambda prompt, g: (
-            f"Task 1: {SUMMARY}\nTask 2: {EXPANSION}"
-            if g == 0
-            else "unparsable"
-        )
+        lambda prompt, g: f"Task 1: {SUMMARY}\nTask 2: {EXPANSION}" if g == 0 else "unparsable"
     )
     tree = collect_tree(
         trainer.env, [script], [(item, 0)], num_generations=2, sampling=SamplingConfig()
