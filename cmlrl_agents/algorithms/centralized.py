@@ -1,13 +1,12 @@
 """``CentralizedMAGRPOTrainer``: one policy writes every role's output in one completion.
 
 The one-model baseline of a team task (comlrl has it too): the roles' prompts (from the task's
-per-role formatters) are joined into one prompt that asks for each role's output between role
-markers, ``<agent_0>…</agent_0><agent_1>…</agent_1>…``; the completion is split at the markers
-and the role outputs are scored by the team's own reward. A completion that does not parse
-(a marker missing or repeated) is not scored by the reward: it gets
-``args.parse_failure_reward`` (default -1.0, below the built-in tasks' minimum of 0), so the
-policy learns the format instead of feeding empty roles to the reward. Training is MAGRPO with
-one agent; one turn only.
+per-role formatters) are joined into one prompt (``joint_prompt``) that asks for each role's
+output under a heading, ``Task 1: …`` / ``Task 2: …``, a form an untrained small model follows
+on most completions; the completion is split at the headings (``split_roles``) and the role
+outputs are scored by the team's own reward. A completion that does not parse (a role's answer
+missing or empty) is not scored by the reward: it gets ``args.parse_failure_reward`` (default
+-1.0, below the built-in tasks' minimum of 0). Training is MAGRPO with one agent; one turn only.
 """
 
 from __future__ import annotations
@@ -40,18 +39,17 @@ _HEADING = re.compile(r"^[ \t>#*_]*(?:task|answer)[ \t]*(\d+)[ \t*_]*[:.)\-][ \t
 
 
 def joint_prompt(role_prompts: Sequence[str]) -> str:
-    """One prompt for every role: the context the role prompts end with in common (e.g. the
-    problem or the passage, the paragraphs after their last blank line that they share) once,
-    then each role's own instruction as a numbered task, then the answer form, one heading per
-    role (``Answer 1:``, ``Answer 2:``, ...), last, where a small model reads it just before it
-    writes."""
+    """One prompt for every role: the context the role prompts share (the whole paragraphs
+    they all end with, e.g. the problem or the passage) once, then each role's own instruction
+    as a numbered task, then the answer form with one heading per role (``Task 1:``,
+    ``Task 2:``, ...), last, where a small model reads it just before it writes."""
     n = len(role_prompts)
     shared = _shared_context(role_prompts)
     tasks = [p[: len(p) - len(shared)].strip() for p in role_prompts]
     parts = [shared.strip()] if shared.strip() else []
     parts.append(
         f"Do these {n} tasks{' on the text above' if shared.strip() else ''}:\n"
-        + "\n".join(f"{n_}. {task}" for n_, task in enumerate(tasks, 1))
+        + "\n".join(f"{k}. {task}" for k, task in enumerate(tasks, 1))
     )
     form = "\n".join(
         f"{ANSWER_HEADING.format(n=r + 1)} <your answer to task {r + 1}>" for r in range(n)
