@@ -21,7 +21,9 @@ TINY = (
     *("model=tiny", "seeds=[0,1]", "compute.train_items=2", "compute.items_per_round=2"),
     *("compute.num_generations=2", "compute.max_new_tokens=8", "eval.max_items=2"),
     *("eval.samples_per_item=2", "eval.pass_k=2", "eval.every_rounds=1"),
-    "tasks.writing.compute.max_new_tokens=8",
+    *("tasks.writing.compute.max_new_tokens=8", "tasks.writing.compute.train_items=2"),
+    *("tasks.writing.eval.max_items=2", "tasks.code_2turn.compute.train_items=2"),
+    *("tasks.code_2turn.eval.samples_per_item=2", "tasks.code_2turn.eval.pass_k=2"),
 )
 
 
@@ -110,8 +112,8 @@ def test_equal_compute_is_derived_from_one_section() -> None:
     ("override", "message"),
     [
         ("compute.train_items=5", "not a multiple of items_per_round=4"),
-        ("eval.pass_k=8", "pass@k needs n >= k"),
-        ("eval.every_rounds=3", "does not divide its 7 rounds"),
+        ("eval.pass_k=3", "pass@k needs n >= k"),
+        ("eval.every_rounds=3", "does not divide its 4 rounds"),
         ("tasks.code.methods=[team, solo]", "methods must list some of"),
         ("tasks.writing.num_turns=2", "more than one turn is the code task's team only"),
         ("seeds=[]", "seeds must be a non-empty list"),
