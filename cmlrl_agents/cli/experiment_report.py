@@ -22,7 +22,8 @@ __all__ = ["mean_se", "summary_rows", "write_report"]
 COLUMNS = (
     *("task", "method", "seeds", "eval_samples", "before", "after", "change"),
     *("pass@1", "pass@k", "parse_rate", "turn_1", "turn_2"),
-    *("train_tokens", "optimizer_steps", "s_per_round", "eval_s_per_pass", "wall_s"),
+    *("train_tokens", "optimizer_steps", "s_per_round", "cpu_s_per_round", "eval_s_per_pass"),
+    "wall_s",
 )
 
 
@@ -71,7 +72,7 @@ def _row(task: str, method: str, results: list[dict[str, Any]], untrained: bool)
         for t in (1, 2):
             row[f"turn_{t}"] = _pm([p[f"turn_{t}/reward"] for p in shown])
     if not untrained:
-        for key in ("train_tokens", "optimizer_steps", "s_per_round", "eval_s_per_pass", "wall_s"):
+        for key in COLUMNS[COLUMNS.index("train_tokens") :]:
             row[key] = f"{mean_se([r[key] for r in results])[0]:.0f}"
     return row
 
