@@ -4,6 +4,7 @@
     cmlrl eval RUN.yaml [--checkpoint PATH|latest|best] [--num-eval-samples N]
     cmlrl check RUN.yaml | cmlrl check --task length_ratio | --dataset M:F --reward M:F ...
     cmlrl plot RUN_DIR | cmlrl plot RUN_DIR/trees/env_step-000000.json
+    cmlrl experiment EXPERIMENT.yaml [--set compute.epochs=2 ...]
 
 A run file has the sections ``algorithm``, ``model``, ``task``, ``config`` and ``wandb`` (see
 ``docs/experiments.md``). Mistakes in it exit with status 2 and one line naming the valid choices;
@@ -310,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
         "--output", type=Path, help="default: RUN_DIR/rewards.png, or TREE.png beside the JSON"
     )
     plot.set_defaults(handler=cmd_plot, set=[])
+    from cmlrl_agents.cli.experiment import add_experiment_command
+
+    add_experiment_command(commands)
     return parser
 
 
