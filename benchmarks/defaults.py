@@ -66,8 +66,7 @@ def one_run(args: argparse.Namespace, setting: dict[str, Any], seed: int) -> dic
             str(args.epochs), "--eval-every", "10", "--eval-repeats", str(args.eval_repeats),
             "--seed", str(seed), "--threads", str(args.threads)]  # fmt: skip
     argv += [f"--set={k}={json.dumps(v)}" for k, v in setting.items()]
-    if args.model:
-        argv += ["--model", args.model]
+    argv += ["--model", args.model]
     run_args = learning.parse_args(argv)
     return learning.run("cmlrl", run_args, None)
 
@@ -90,6 +89,10 @@ def summary(results: list[dict]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = parse_args(argv)
+    if args.model is None:
+        from cmlrl_agents import smollm2_path
+
+        args.model = str(smollm2_path())
     rows: dict[str, dict] = {}
     every: list[dict] = []
     for setting in grid(args.grid):

@@ -288,11 +288,16 @@ class PolicyStep:
         """The head's value loss of the agent's rows (``values``), a mean over the step's
         samples, times ``value_loss_coef``."""
         obj, picked = self.objective, ctx.picked
+        if any(r.value_target is None or r.value_old is None for r in picked):
+            raise ValueError(
+                f"agent_{a} has a value head, but some of its rows carry no value target; build "
+                "the batch with the actor-critic learner's batch(tree)."
+            )
         device = values.device
-        targets = torch.tensor([float(r.value_target or 0.0) for r in picked], device=device)
+        targets = torch.tensor([r.value_target for r in picked], device=device)
         previous = None
         if obj.value_clip_range is not None:
-            previous = torch.tensor([float(r.value_old or 0.0) for r in picked], device=device)
+            previous = torch.tensor([r.value_old for r in picked], device=device)
         loss = value_loss(values, targets, previous, obj.value_clip_range, check=False)
         loss = loss * (len(picked) / totals[f"agent_{a}/samples"])
         sums[f"agent_{a}/value_loss"] = loss.detach()
