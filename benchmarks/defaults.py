@@ -93,17 +93,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         from cmlrl_agents import smollm2_path
 
         args.model = str(smollm2_path())
-    rows: dict[str, dict] = {}
+    settings = {
+        ", ".join(f"{k}={v}" for k, v in s.items()) or "defaults": s for s in grid(args.grid)
+    }
+    results: dict[str, list[dict]] = {name: [] for name in settings}
     every: list[dict] = []
-    for setting in grid(args.grid):
-        name = ", ".join(f"{k}={v}" for k, v in setting.items()) or "defaults"
-        results = []
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed-major: a first comparison of every setting comes early
+        for name, setting in settings.items():
             r = one_run(args, setting, seed)
             print(f"{name} seed {seed}: {r['before']:.3f} -> {r['after']:.3f}", flush=True)
-            results.append(r)
+            results[name].append(r)
             every.append({"setting": setting, "seed": seed, **r})
-        rows[name] = summary(results)
+    rows = {name: summary(runs) for name, runs in results.items()}
     print(f"\n{len(args.seeds)} seeds ({args.seeds}), {args.epochs} epoch(s), eval 10 prompts x "
           f"{args.eval_repeats}, {args.threads} thread(s)")  # fmt: skip
     print("| setting | before | after (mean ± sd) | worst seed change | train s |")

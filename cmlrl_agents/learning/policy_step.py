@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,6 +40,7 @@ from cmlrl_agents.policies.adapters import JointPass, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
+from cmlrl_agents.runs.config import SharedConfig
 
 __all__ = ["PolicyObjective", "PolicyStep", "policy_metrics"]
 
@@ -62,6 +64,28 @@ class PolicyObjective:
     entropy: bool = True
     value_loss_coef: float = 0.0
     value_clip_range: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        args: SharedConfig,
+        num_agents: int,
+        *,
+        kl_coef: float | None,
+        clip_range: float | None,
+        **settings: Any,
+    ) -> PolicyObjective:
+        """The objective of a config: every agent's sampling temperature, the KL term when the
+        learner has references (``kl_coef`` None: none), truncated importance weights when vLLM
+        samples; ``settings`` sets the other fields."""
+        return cls(
+            temperatures=tuple(args.sampling_for(a).temperature for a in range(num_agents)),
+            kl_coef=0.0 if kl_coef is None else kl_coef,
+            clip_range=clip_range,
+            tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
+            entropy=args.log_entropy,
+            **settings,
+        )
 
 
 class PolicyStep:

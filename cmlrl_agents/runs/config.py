@@ -329,6 +329,17 @@ class SharedConfig(ValidatedConfig):
                 "forward_batch_size for scoring). Leave parallel_training unset."
             )
 
+    def _check_stale_rounds(self, clip_range: float | None, steps: str) -> None:
+        """A round of several optimizer steps trains its later steps on samples of a policy
+        that has moved since: the importance ratio needs ``ppo_clip_range``."""
+        if clip_range is None and self.items_per_step < self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} < rollout_buffer_size="
+                f"{self.rollout_buffer_size} gives a round several {steps}, whose later "
+                "steps train on samples of a policy that has moved since; that needs "
+                "ppo_clip_range (e.g. 0.2) for the importance ratio, or train_batch_size=None."
+            )
+
     def _check_best(self) -> None:
         self._bool("save_only_model")
         self._bool("greater_is_better")
