@@ -66,8 +66,7 @@ def one_run(args: argparse.Namespace, setting: dict[str, Any], seed: int) -> dic
             str(args.epochs), "--eval-every", "10", "--eval-repeats", str(args.eval_repeats),
             "--seed", str(seed), "--threads", str(args.threads)]  # fmt: skip
     argv += [f"--set={k}={json.dumps(v)}" for k, v in setting.items()]
-    if args.model:
-        argv += ["--model", args.model]
+    argv += ["--model", args.model]
     run_args = learning.parse_args(argv)
     return learning.run("cmlrl", run_args, None)
 
@@ -90,17 +89,22 @@ def summary(results: list[dict]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = parse_args(argv)
-    rows: dict[str, dict] = {}
+    if args.model is None:
+        from cmlrl_agents import smollm2_path
+
+        args.model = str(smollm2_path())
+    settings = {
+        ", ".join(f"{k}={v}" for k, v in s.items()) or "defaults": s for s in grid(args.grid)
+    }
+    results: dict[str, list[dict]] = {name: [] for name in settings}
     every: list[dict] = []
-    for setting in grid(args.grid):
-        name = ", ".join(f"{k}={v}" for k, v in setting.items()) or "defaults"
-        results = []
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed-major: a first comparison of every setting comes early
+        for name, setting in settings.items():
             r = one_run(args, setting, seed)
             print(f"{name} seed {seed}: {r['before']:.3f} -> {r['after']:.3f}", flush=True)
-            results.append(r)
+            results[name].append(r)
             every.append({"setting": setting, "seed": seed, **r})
-        rows[name] = summary(results)
+    rows = {name: summary(runs) for name, runs in results.items()}
     print(f"\n{len(args.seeds)} seeds ({args.seeds}), {args.epochs} epoch(s), eval 10 prompts x "
           f"{args.eval_repeats}, {args.threads} thread(s)")  # fmt: skip
     print("| setting | before | after (mean ± sd) | worst seed change | train s |")

@@ -9,10 +9,13 @@ one-model baselines, ``single_formatter`` asks one agent for both functions and
 ``humaneval_single_reward`` grades that program with the same levels.
 
 Splits are fixed: problems 0–132 train, 133–163 evaluate (the split of the paper's baselines).
+``humaneval_small_splits`` is the subset a ~100M-parameter model can partly solve, chosen by a
+rule on the problems alone (``humaneval_small_ids``), with its own fixed split.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import gzip
 import importlib.util
@@ -43,6 +46,8 @@ __all__ = [
     "humaneval_problems",
     "humaneval_reward",
     "humaneval_single_reward",
+    "humaneval_small_ids",
+    "humaneval_small_splits",
     "humaneval_splits",
     "main_formatter",
     "problem_of",
@@ -53,6 +58,9 @@ LOG = logging.getLogger(__name__)
 HUMANEVAL_EVAL_START = 133
 FEEDBACK_CODE_CHARS = 4000
 FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
+SMALL_MAX_SOLUTION_LINES = 3
+SMALL_MAX_ARGUMENTS = 2
+SMALL_EVAL_EVERY = 3
 
 
 def humaneval_path() -> Path:
@@ -102,6 +110,44 @@ def humaneval_splits() -> tuple[Dataset, Dataset]:
     return (
         humaneval_dataset(ids[:HUMANEVAL_EVAL_START]),
         humaneval_dataset(ids[HUMANEVAL_EVAL_START:]),
+    )
+
+
+def _small(problem: Mapping[str, str]) -> bool:
+    """The subset rule: see ``humaneval_small_ids``."""
+    if "import" in problem["prompt"] or "import" in problem["canonical_solution"]:
+        return False
+    lines = [line for line in problem["canonical_solution"].splitlines() if line.strip()]
+    defined = [
+        node
+        for node in ast.parse(problem["prompt"]).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
+    return (
+        len(lines) <= SMALL_MAX_SOLUTION_LINES
+        and len(defined) == 1
+        and defined[0].name == problem["entry_point"]
+        and len(defined[0].args.args) <= SMALL_MAX_ARGUMENTS  # type: ignore[union-attr]
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def humaneval_small_ids() -> tuple[str, ...]:
+    """The 43 problems a small model can partly solve, chosen by a rule on the problems alone
+    (never on any model's results): the canonical solution has at most 3 non-blank lines,
+    neither it nor the prompt contains ``import``, and the prompt defines one function, the
+    entry point, with at most 2 arguments. In task-number order."""
+    return tuple(t for t, p in humaneval_problems().items() if _small(p))
+
+
+def humaneval_small_splits() -> tuple[Dataset, Dataset]:
+    """(train, eval) of ``humaneval_small_ids``: in task-number order, every third problem
+    (the 3rd, 6th, ...) evaluates, the others train: 29 and 14 problems, always the same."""
+    ids = humaneval_small_ids()
+    evaluated = set(ids[SMALL_EVAL_EVERY - 1 :: SMALL_EVAL_EVERY])
+    return (
+        humaneval_dataset([t for t in ids if t not in evaluated]),
+        humaneval_dataset([t for t in ids if t in evaluated]),
     )
 
 

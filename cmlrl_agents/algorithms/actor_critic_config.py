@@ -90,13 +90,7 @@ class ActorCriticConfig(SharedConfig):
                 "pass the samples are off-policy, and only the clipped ratio corrects for that. "
                 "Set ppo_clip_range or use ppo_epochs=1."
             )
-        if self.ppo_clip_range is None and self.items_per_step < self.rollout_buffer_size:
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} < rollout_buffer_size="
-                f"{self.rollout_buffer_size} gives a round several minibatch steps, whose later "
-                "steps train on samples of a policy that has moved since; that needs "
-                "ppo_clip_range (e.g. 0.2) for the importance ratio, or train_batch_size=None."
-            )
+        self._check_stale_rounds(self.ppo_clip_range, "minibatch steps")
         if self.advantage_normalization and self.rollout_buffer_size * self.num_generations < 2:
             raise ValueError(
                 f"advantage_normalization=True with rollout_buffer_size="

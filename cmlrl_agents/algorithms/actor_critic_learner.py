@@ -129,17 +129,13 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         return self.args.ppo_epochs * -(-items // self.args.items_per_step)
 
     def objective(self) -> PolicyObjective:
-        args = self.args
-        return PolicyObjective(
-            aggregation="sequence_sum",
-            temperatures=tuple(args.sampling_for(a).temperature for a in range(len(self.agents))),
-            kl_coef=args.reference_kl_coef if self.reference_models is not None else 0.0,
-            clip_range=args.ppo_clip_range,
-            tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
-            entropy=args.log_entropy,
-            value_loss_coef=args.value_loss_coef,
-            value_clip_range=args.value_clip_range,
-        )
+        """The actors' loss settings of the current config (a value head's loss included)."""
+        args, refs = self.args, self.reference_models
+        return PolicyObjective.of(
+            args, len(self.agents), kl_coef=None if refs is None else args.reference_kl_coef,
+            clip_range=args.ppo_clip_range, aggregation="sequence_sum",
+            value_loss_coef=args.value_loss_coef, value_clip_range=args.value_clip_range,
+        )  # fmt: skip
 
     # -- which critic serves which agent and reads what -----------------------------------------
     def critic_index(self, agent: int) -> int:

@@ -1,13 +1,12 @@
 """``CentralizedMAGRPOTrainer``: one policy writes every role's output in one completion.
 
 The one-model baseline of a team task (comlrl has it too): the roles' prompts (from the task's
-per-role formatters) are joined into one prompt that asks for each role's output between role
-markers, ``<agent_0>…</agent_0><agent_1>…</agent_1>…``; the completion is split at the markers
-and the role outputs are scored by the team's own reward. A completion that does not parse
-(a marker missing or repeated) is not scored by the reward: it gets
-``args.parse_failure_reward`` (default -1.0, below the built-in tasks' minimum of 0), so the
-policy learns the format instead of feeding empty roles to the reward. Training is MAGRPO with
-one agent; one turn only.
+per-role formatters) are joined into one prompt (``joint_prompt``) that asks for each role's
+output under a heading, ``Task 1: …`` / ``Task 2: …``, a form an untrained small model follows
+on most completions; the completion is split at the headings (``split_roles``) and the role
+outputs are scored by the team's own reward. A completion that does not parse (a role's answer
+missing or empty) is not scored by the reward: it gets ``args.parse_failure_reward`` (default
+-1.0, below the built-in tasks' minimum of 0). Training is MAGRPO with one agent; one turn only.
 """
 
 from __future__ import annotations
@@ -34,33 +33,68 @@ __all__ = [
 ]
 
 
-def _tag(role: int) -> str:
-    return f"agent_{role}"
+ANSWER_HEADING = "Task {n}:"
+"""The line that opens role ``n - 1``'s output in a joint completion (roles count from 1 there)."""
+_HEADING = re.compile(r"^[ \t>#*_]*(?:task|answer)[ \t]*(\d+)[ \t*_]*[:.)\-][ \t*_]*", re.I | re.M)
 
 
 def joint_prompt(role_prompts: Sequence[str]) -> str:
-    """One prompt asking for every role's output between its markers, in order."""
-    parts = [
-        f"You write the answers of {len(role_prompts)} roles. Put each role's answer between its "
-        "markers, in this order: "
-        + "".join(f"<{_tag(r)}>...</{_tag(r)}>" for r in range(len(role_prompts)))
-        + "."
-    ]
-    for r, prompt in enumerate(role_prompts):
-        parts.append(f"Role {r} (<{_tag(r)}>):\n{prompt}")
+    """One prompt for every role: the context the role prompts share (the whole paragraphs
+    they all end with, e.g. the problem or the passage) once, then each role's own instruction
+    as a numbered task, then the answer form with one heading per role (``Task 1:``,
+    ``Task 2:``, ...), last, where a small model reads it just before it writes."""
+    n = len(role_prompts)
+    shared = _shared_context(role_prompts)
+    tasks = [p[: len(p) - len(shared)].strip() for p in role_prompts]
+    parts = [shared.strip()] if shared.strip() else []
+    parts.append(
+        f"Do these {n} tasks{' on the text above' if shared.strip() else ''}:\n"
+        + "\n".join(f"{k}. {task}" for k, task in enumerate(tasks, 1))
+    )
+    form = "\n".join(
+        f"{ANSWER_HEADING.format(n=r + 1)} <your answer to task {r + 1}>" for r in range(n)
+    )
+    parts.append(f"Reply in exactly this form, one answer under each heading:\n{form}")
     return "\n\n".join(parts)
 
 
+def _shared_context(prompts: Sequence[str]) -> str:
+    """The longest run of whole paragraphs (split at blank lines) that every prompt ends with;
+    ``""`` for one prompt, or when it would leave a prompt without its own instruction."""
+    if len(prompts) < 2:
+        return ""
+    split = [p.split("\n\n") for p in prompts]
+    count = 0
+    while all(len(s) > count + 1 for s in split) and len({s[-1 - count] for s in split}) == 1:
+        count += 1
+    return "\n\n".join(split[0][len(split[0]) - count :]) if count else ""
+
+
 def split_roles(text: str, num_roles: int) -> list[str] | None:
-    """Each role's output (stripped), or ``None`` when a role's markers are missing or appear
-    more than once."""
-    outputs = []
-    for r in range(num_roles):
-        found = re.findall(rf"<{_tag(r)}>(.*?)</{_tag(r)}>", text, flags=re.S)
-        if len(found) != 1:
-            return None
-        outputs.append(found[0].strip())
-    return outputs
+    """Each role's output (stripped), or ``None`` when the completion does not hold one
+    non-empty answer per role.
+
+    Headings are lines that start with ``Task k`` or ``Answer k`` (any case, markdown marks
+    around them allowed) followed by ``:``, ``.``, ``)`` or ``-``. Role ``r``'s answer is the
+    text after the first heading numbered ``r + 1`` that follows role ``r - 1``'s heading, up to
+    the next heading of any number; headings after the last role's answer (a model that
+    repeats the form) are ignored. Without any heading, a completion of exactly ``num_roles``
+    fenced code blocks gives one block per role, in order."""
+    heads = list(_HEADING.finditer(text))
+    if not heads:
+        blocks = re.findall(r"```[^\n]*\n.*?(?:```|\Z)", text, flags=re.S)
+        outputs = [b.strip() for b in blocks] if len(blocks) == num_roles else []
+        return outputs if outputs and all(outputs) else None
+    outputs, want = [], 1
+    for i, head in enumerate(heads):
+        if int(head.group(1)) != want:
+            continue
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        outputs.append(text[head.end() : end].strip())
+        want += 1
+        if want > num_roles:
+            break
+    return outputs if len(outputs) == num_roles and all(outputs) else None
 
 
 class JointFormatter:

@@ -81,13 +81,7 @@ class MAGRPOConfig(SharedConfig):
         self._bool("prefix_sharing")
         self._int("tree_plot_interval", 0)
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
-        if self.ppo_clip_range is None and self.items_per_step < self.rollout_buffer_size:
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} < rollout_buffer_size="
-                f"{self.rollout_buffer_size} gives a round several optimizer steps, whose later "
-                "steps train on samples of a policy that has moved since; that needs "
-                "ppo_clip_range (e.g. 0.2) for the importance ratio, or train_batch_size=None."
-            )
+        self._check_stale_rounds(self.ppo_clip_range, "optimizer steps")
         if self.advantage_mode == "raw" and self.advantage_normalization:
             raise ValueError(
                 "advantage_mode='raw' with advantage_normalization=True: raw returns have no "

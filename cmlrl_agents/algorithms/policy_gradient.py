@@ -27,7 +27,7 @@ from cmlrl_agents.learning.batch import TrainBatch
 from cmlrl_agents.learning.credit import agent_returns, group_rows, joint_returns, round_metrics
 from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.learner import OptimizedLearner
-from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.optim import agent_optimizers
 from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep, policy_metrics
 from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.policies.agent import LLMAgent
@@ -69,15 +69,7 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         """This process's share of a data parallel launch (see distributed.py)."""
         self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.engine = StepEngine(self.parallel)
-        self.optimizers: list[torch.optim.Optimizer] = [
-            make_adamw(
-                agent.trainable_parameters(),
-                args.agent_learning_rate,
-                f"agents[{i}]",
-                args.weight_decay,
-            )  # fmt: skip
-            for i, agent in enumerate(self.agents)
-        ]
+        self.optimizers = agent_optimizers(self.agents, args.agent_learning_rate, args.weight_decay)
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] | None = (
             reference_policies(self.agents, devices) if args.reference_kl_enabled else None
@@ -94,16 +86,12 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
 
     def objective(self) -> PolicyObjective:
         """The loss settings of the current config."""
-        args = self.args
-        return PolicyObjective(
-            aggregation=args.loss_aggregation,
-            temperatures=tuple(args.sampling_for(a).temperature for a in range(len(self.agents))),
-            kl_coef=args.reference_kl_coef if self.reference_models is not None else 0.0,
-            clip_range=args.ppo_clip_range,
-            tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
+        args, refs = self.args, self.reference_models
+        return PolicyObjective.of(
+            args, len(self.agents), kl_coef=None if refs is None else args.reference_kl_coef,
+            clip_range=args.ppo_clip_range, aggregation=args.loss_aggregation,
             prefix_sharing=args.prefix_sharing,
-            entropy=args.log_entropy,
-        )
+        )  # fmt: skip
 
     # -- the batch ------------------------------------------------------------------------------
     def batch(self, tree: RolloutTree) -> TrainBatch:

@@ -31,7 +31,7 @@ from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.functional.preference_losses import dpo_loss, joint_log_ratio
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
 from cmlrl_agents.learning.learner import OptimizedLearner
-from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.optim import agent_optimizers
 from cmlrl_agents.policies.adapters import checkpoint_models, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
@@ -91,15 +91,7 @@ class DPOLearner(OptimizedLearner[MADPOConfig]):
         self.parallel = data_parallel()
         self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.engine = StepEngine(self.parallel)
-        self.optimizers: list[torch.optim.Optimizer] = [
-            make_adamw(
-                agent.trainable_parameters(),
-                args.agent_learning_rate,
-                f"agents[{i}]",
-                args.weight_decay,
-            )  # fmt: skip
-            for i, agent in enumerate(self.agents)
-        ]
+        self.optimizers = agent_optimizers(self.agents, args.agent_learning_rate, args.weight_decay)
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] = reference_policies(self.agents, devices)
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}

@@ -1,9 +1,10 @@
 """The ``cmlrl`` command: train, evaluate, check and plot from a YAML run file.
 
     cmlrl train RUN.yaml [--set config.agent_learning_rate=1e-5 ...] [--resume latest]
-    cmlrl eval RUN.yaml [--checkpoint PATH|latest] [--num-eval-samples N]
+    cmlrl eval RUN.yaml [--checkpoint PATH|latest|best] [--num-eval-samples N]
     cmlrl check RUN.yaml | cmlrl check --task length_ratio | --dataset M:F --reward M:F ...
     cmlrl plot RUN_DIR | cmlrl plot RUN_DIR/trees/env_step-000000.json
+    cmlrl experiment EXPERIMENT.yaml [--set compute.epochs=2 ...]
 
 A run file has the sections ``algorithm``, ``model``, ``task``, ``config`` and ``wandb`` (see
 ``docs/experiments.md``). Mistakes in it exit with status 2 and one line naming the valid choices;
@@ -139,8 +140,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         trainer = build_trainer(p, use_wandb=False, agent_dirs=() if adapters else agent_dirs)
         if adapters:
             load_adapter_folders(trainer.agents, agent_dirs)
-        if checkpoint is not None:
-            trainer.load_checkpoint(checkpoint)
+        if checkpoint is not None:  # the weights alone: evaluation needs no optimizer state
+            trainer.load_weights(checkpoint)
         n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
         if n < 1:
             raise CLIError(f"--num-eval-samples must be >= 1, got {n}.")
@@ -193,9 +194,18 @@ def _evaluated_weights(
     given: str | None, config: SharedConfig
 ) -> tuple[Path | None, list[Path], Path | None]:
     """(checkpoint folder, save_model agent folders, run folder) for ``--checkpoint``."""
+    from cmlrl_agents.runs.checkpoint import latest_checkpoint
+
     run_dir = None if config.output_dir is None else Path(config.output_dir)
     if given is None:
         return None, [], run_dir
+    if given == "best":  # what save_best_by kept
+        if run_dir is None:
+            raise CLIError("'best' needs config.output_dir: the run folder whose best/ to use.")
+        found = latest_checkpoint(run_dir / "best")
+        if found is None:
+            raise CLIError(f"{run_dir}/best holds no best model (train with save_best_by).")
+        return found, [], run_dir
     path = _latest(config) if given == "latest" else Path(given)
     if (path / "trainer_state.json").is_file():  # run/checkpoints/checkpoint-N
         return path, [], run_dir or path.parent.parent
@@ -275,8 +285,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("config", help="the YAML run file")
     evaluate.add_argument(
         "--checkpoint",
-        metavar="PATH|latest",
-        help="a checkpoint folder, a save_model folder, or latest",
+        metavar="PATH|latest|best",
+        help="a checkpoint folder, a save_model folder, latest, or best (save_best_by's model)",
     )
     evaluate.add_argument("--num-eval-samples", type=int, metavar="N")
     evaluate.add_argument("--output-dir", type=Path, help="default: RUN_DIR/eval")
@@ -301,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
         "--output", type=Path, help="default: RUN_DIR/rewards.png, or TREE.png beside the JSON"
     )
     plot.set_defaults(handler=cmd_plot, set=[])
+    from cmlrl_agents.cli.experiment import add_experiment_command
+
+    add_experiment_command(commands)
     return parser
 
 

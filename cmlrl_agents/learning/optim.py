@@ -3,12 +3,12 @@ is the engine's: learning/engine.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["make_adamw"]
+__all__ = ["agent_optimizers", "make_adamw"]
 
 
 def make_adamw(
@@ -37,3 +37,13 @@ def make_adamw(
         )
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in tensors)
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def agent_optimizers(
+    agents: Sequence[Any], lr: float, weight_decay: float
+) -> list[torch.optim.Optimizer]:
+    """One AdamW per agent over its trainable parameters (an adapter agent's: its adapter)."""
+    return [
+        make_adamw(agent.trainable_parameters(), lr, f"agents[{i}]", weight_decay)
+        for i, agent in enumerate(agents)
+    ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,6 +41,7 @@ from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
+from cmlrl_agents.runs.config import SharedConfig
 
 __all__ = ["PolicyObjective", "PolicyStep", "policy_metrics"]
 
@@ -63,6 +65,28 @@ class PolicyObjective:
     entropy: bool = True
     value_loss_coef: float = 0.0
     value_clip_range: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        args: SharedConfig,
+        num_agents: int,
+        *,
+        kl_coef: float | None,
+        clip_range: float | None,
+        **settings: Any,
+    ) -> PolicyObjective:
+        """The objective of a config: every agent's sampling temperature, the KL term when the
+        learner has references (``kl_coef`` None: none), truncated importance weights when vLLM
+        samples; ``settings`` sets the other fields."""
+        return cls(
+            temperatures=tuple(args.sampling_for(a).temperature for a in range(num_agents)),
+            kl_coef=0.0 if kl_coef is None else kl_coef,
+            clip_range=clip_range,
+            tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
+            entropy=args.log_entropy,
+            **settings,
+        )
 
 
 class PolicyStep:
@@ -289,11 +313,16 @@ class PolicyStep:
         """The head's value loss of the agent's rows (``values``), a mean over the step's
         samples, times ``value_loss_coef``."""
         obj, picked = self.objective, ctx.picked
+        if any(r.value_target is None or r.value_old is None for r in picked):
+            raise ValueError(
+                f"agent_{a} has a value head, but some of its rows carry no value target; build "
+                "the batch with the actor-critic learner's batch(tree)."
+            )
         device = values.device
-        targets = torch.tensor([float(r.value_target or 0.0) for r in picked], device=device)
+        targets = torch.tensor([r.value_target for r in picked], device=device)
         previous = None
         if obj.value_clip_range is not None:
-            previous = torch.tensor([float(r.value_old or 0.0) for r in picked], device=device)
+            previous = torch.tensor([r.value_old for r in picked], device=device)
         loss = value_loss(values, targets, previous, obj.value_clip_range, check=False)
         loss = loss * (len(picked) / totals[f"agent_{a}/samples"])
         sums[f"agent_{a}/value_loss"] = loss.detach()

@@ -7,12 +7,10 @@ code re-checks a field. Messages name the field, quote the value and say what is
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from cmlrl_agents.runs.config_names import unknown_field_message
+from cmlrl_agents.runs.validated import ValidatedConfig
 
 if TYPE_CHECKING:
     from cmlrl_agents.policies.agent import SamplingConfig
@@ -29,137 +27,6 @@ GENERATION_BACKENDS = ("hf", "vllm")
 
 MAX_SEED = 2**32 - 1
 """numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
-
-
-class ValidatedConfig:
-    """Mixin: ``validate()`` runs after ``__init__`` and on each assignment (undone on error).
-
-    A trainer marks the fields it reads only once, at construction, with :meth:`fix_fields`;
-    assigning a new value to one then raises instead of passing validation and doing nothing.
-    """
-
-    _ready = False
-    _fixed: dict[str, str] = {}  # noqa: RUF012 - replaced per instance by fix_fields
-    # Set by @dataclass on every config class; declared so that type checkers take the mixin
-    # for a dataclass (``fields``, ``asdict``).
-    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
-        # Before the dataclass __init__, whose TypeError would not say what to write instead.
-        names = {f.name for f in fields(cls)}
-        for name in kwargs:
-            if name not in names:
-                raise TypeError(unknown_field_message(cls, name))
-        return super().__new__(cls)
-
-    def __post_init__(self) -> None:
-        self.validate()
-        object.__setattr__(self, "_ready", True)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not self._ready:
-            object.__setattr__(self, name, value)
-            return
-        if name not in {f.name for f in fields(self)}:
-            raise AttributeError(unknown_field_message(type(self), name))
-        old = getattr(self, name)
-        if name in self._fixed and value != old:
-            raise AttributeError(
-                f"args.{name} cannot change after {self._fixed[name]} was built (it is used "
-                f"once, at construction, with {name}={old!r}); build a new trainer with "
-                f"{type(self).__name__}(..., {name}={value!r})."
-            )
-        object.__setattr__(self, name, value)
-        try:
-            self.validate()
-        except (TypeError, ValueError):
-            object.__setattr__(self, name, old)
-            raise
-
-    def validate(self) -> None:
-        raise NotImplementedError
-
-    def fix_fields(self, names: tuple[str, ...], owner: str) -> None:
-        """Refuse later changes to ``names``: ``owner`` (a trainer) read them once."""
-        fixed = {**self._fixed, **dict.fromkeys(names, owner)}
-        object.__setattr__(self, "_fixed", fixed)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A copy (copy.deepcopy, pickle) is a new config for a new trainer: nothing fixed yet.
-        state = dict(self.__dict__)
-        state.pop("_fixed", None)
-        return state
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    # -- rule helpers: each raises with the field name and value ---------------------------------
-    def _int(self, name: str, low: int | None = None, *, optional: bool = False) -> None:
-        value = getattr(self, name)
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
-        if low is not None and value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}.")
-
-    def _real(
-        self,
-        name: str,
-        low: float | None = None,
-        high: float | None = None,
-        *,
-        low_open: bool = False,
-        optional: bool = False,
-    ) -> None:
-        value = getattr(self, name)
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise TypeError(f"{name} must be a number, got {value!r}.")
-        if math.isinf(value):
-            # An infinite rate, temperature or coefficient turns every update into NaN.
-            hint = " (None turns it off)" if optional else ""
-            raise ValueError(f"{name} must be finite, got {value}{hint}.")
-        if low is not None and (value <= low if low_open else value < low):
-            op = ">" if low_open else ">="
-            raise ValueError(f"{name} must be {op} {low}, got {value}.")
-        if high is not None and value > high:
-            raise ValueError(f"{name} must be <= {high}, got {value}.")
-
-    def _choice(self, name: str, choices: tuple[str, ...]) -> None:
-        value = getattr(self, name)
-        if value not in choices:
-            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
-
-    def _devices(self, name: str) -> None:
-        """None, one device string (or "auto") for every model, or a list of device strings."""
-        value = getattr(self, name)
-        if value is None or value == "auto":
-            return
-        from torch import device as torch_device  # here: `cmlrl check` builds configs sans torch
-
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)) or not items:
-            raise TypeError(
-                f"{name} must be a device string ('cpu', 'cuda:0', 'auto') or a non-empty list "
-                f"of them (one per model, or one for all), got {value!r}."
-            )
-        for item in items:
-            if not isinstance(item, str):
-                raise TypeError(f"{name} entries must be device strings, got {item!r}.")
-            try:
-                torch_device(item)
-            except (RuntimeError, ValueError):
-                raise ValueError(
-                    f"{name} has {item!r}, which is not a device; use e.g. 'cpu', 'cuda:0' or "
-                    "'mps' ('auto' only as the whole value)."
-                ) from None
-
-    def _bool(self, name: str) -> None:
-        value = getattr(self, name)
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}.")
 
 
 @dataclass
@@ -296,18 +163,7 @@ class SharedConfig(ValidatedConfig):
         self._real("weight_decay", 0.0)
         self._real("tis_cap", 1.0)
         self._bool("log_entropy")
-        self._int("seed", 0, optional=True)
-        if self.seed is not None and self.seed > MAX_SEED:
-            raise ValueError(
-                f"seed must be <= {MAX_SEED} (numpy's seed range, 2**32 - 1), got {self.seed}."
-            )
-        if self.output_dir is not None and not isinstance(self.output_dir, str):
-            raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
-        if self.output_dir is not None and not self.output_dir.strip():
-            raise ValueError(
-                f"output_dir={self.output_dir!r} is empty; give a folder path, or None for "
-                "runs/<algorithm>-<time>."
-            )
+        self._check_seed_and_folder()
         self._int("rollout_buffer_size", 1)
         self._int("train_batch_size", 1, optional=True)
         self._int("forward_batch_size", 1, optional=True)
@@ -333,6 +189,31 @@ class SharedConfig(ValidatedConfig):
                 "'cuda:1', ...] and each agent's generate and update run on its own device; "
                 "throughput comes from batching (rollout_buffer_size items per batched generate, "
                 "forward_batch_size for scoring). Leave parallel_training unset."
+            )
+
+    def _check_seed_and_folder(self) -> None:
+        self._int("seed", 0, optional=True)
+        if self.seed is not None and self.seed > MAX_SEED:
+            raise ValueError(
+                f"seed must be <= {MAX_SEED} (numpy's seed range, 2**32 - 1), got {self.seed}."
+            )
+        if self.output_dir is not None and not isinstance(self.output_dir, str):
+            raise TypeError(f"output_dir must be a str path or None, got {self.output_dir!r}.")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ValueError(
+                f"output_dir={self.output_dir!r} is empty; give a folder path, or None for "
+                "runs/<algorithm>-<time>."
+            )
+
+    def _check_stale_rounds(self, clip_range: float | None, steps: str) -> None:
+        """A round of several optimizer steps trains its later steps on samples of a policy
+        that has moved since: the importance ratio needs ``ppo_clip_range``."""
+        if clip_range is None and self.items_per_step < self.rollout_buffer_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} < rollout_buffer_size="
+                f"{self.rollout_buffer_size} gives a round several {steps}, whose later "
+                "steps train on samples of a policy that has moved since; that needs "
+                "ppo_clip_range (e.g. 0.2) for the importance ratio, or train_batch_size=None."
             )
 
     def _check_best(self) -> None:

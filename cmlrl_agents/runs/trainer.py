@@ -247,11 +247,21 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
             )
 
     def load_best(self) -> Path:
-        """Load the weights kept by ``save_best_by`` (its folder under ``run_dir/best/``)."""
-        path = self.checkpointer.best_path()
-        self.checkpointer.load(
+        """Load the weights kept by ``save_best_by`` (its folder under ``run_dir/best/``), e.g.
+        before ``save_model``; returns the folder."""
+        return self.load_weights(self.checkpointer.best_path())
+
+    def load_weights(self, path: str | Path) -> Path:
+        """Load the trained weights alone of a checkpoint folder (any: a full one, a
+        ``save_only_model`` one, or the best model's), checked like a resume's, to evaluate or
+        export them, with the run's sampling seed and env_step (evaluation then draws as the
+        run's did, and logs at the step the weights were trained to); the optimizers and the
+        epoch position stay as they are."""
+        path = self.checkpointer.resolve(path)
+        state = self.checkpointer.load(
             path, self.learner, lambda s: self._check_state(s, path), weights_only=True
         )
+        self.sample_seed, self.env_step = state["sample_seed"], state["env_step"]
         self.generation_backend.sync(self.agents)
         return path
 

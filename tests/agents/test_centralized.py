@@ -37,14 +37,41 @@ def test_the_trainer_is_a_top_level_name() -> None:
     assert "CentralizedMAGRPOConfig" in cmlrl_agents.__all__
 
 
-def test_joint_prompt_and_split_roles() -> None:
-    prompt = joint_prompt(["Summarise.", "Expand."])
-    assert prompt.startswith("You write the answers of 2 roles.")
-    assert "<agent_0>...</agent_0><agent_1>...</agent_1>" in prompt
-    assert "Role 0 (<agent_0>):\nSummarise." in prompt and "Role 1 (<agent_1>):\nExpand." in prompt
-    assert split_roles("x <agent_0> a </agent_0>\n<agent_1>b\nc</agent_1> y", 2) == ["a", "b\nc"]
-    assert split_roles("<agent_0>a</agent_0>", 2) is None  # a role missing
-    assert split_roles("<agent_0>a</agent_0><agent_0>b</agent_0><agent_1>c</agent_1>", 2) is None
+def test_joint_prompt_states_the_shared_context_once_then_the_tasks_then_the_form() -> None:
+    prompt = joint_prompt(["Summarise this.\n\nThe passage.", "Expand this.\n\nThe passage."])
+    assert prompt == (
+        "The passage.\n\n"
+        "Do these 2 tasks on the text above:\n1. Summarise this.\n2. Expand this.\n\n"
+        "Reply in exactly this form, one answer under each heading:\n"
+        "Task 1: <your answer to task 1>\nTask 2: <your answer to task 2>"
+    )
+    # Nothing in common: each prompt whole; a prompt never loses its own instruction.
+    assert joint_prompt(["A.", "B."]).startswith("Do these 2 tasks:\n1. A.\n2. B.\n\n")
+    assert joint_prompt(["X\n\nP", "P"]).startswith("Do these 2 tasks:\n1. X\n\nP\n2. P")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Task 1: a\nTask 2: b", ["a", "b"]),
+        ("Sure!\n\nTask 1:\nfirst\nline\n\n**Task 2:** second", ["first\nline", "second"]),
+        ("## Answer 1.\nx\n### answer 2) y", ["x", "y"]),
+        ("TASK 1 - x\nTask 2: y\nTask 1: x again\nTask 2: y again", ["x", "y"]),  # repeated
+        # The first heading 1, then the first heading 2 after it; any heading ends an answer.
+        ("Task 2: b\nTask 1: a\nTask 3: c\nTask 2: b2", ["a", "b2"]),
+        # No heading: exactly one fenced block per role, fences kept (the code reward reads them).
+        (
+            "```python\ndef aux(): pass\n```\ntext\n```\nmain()\n```",
+            ["```python\ndef aux(): pass\n```", "```\nmain()\n```"],
+        ),  # noqa: E501
+        ("```python\nx = 1\n```", None),
+        ("Task 1: a", None),  # a role missing
+        ("Task 1:\nTask 2: b", None),  # an empty answer
+        ("no headings at all", None),
+    ],
+)
+def test_split_roles_by_hand_worked_examples(text, expected) -> None:
+    assert split_roles(text, 2) == expected
 
 
 def test_unparsable_completions_get_the_penalty_and_skip_the_reward() -> None:
@@ -55,10 +82,10 @@ def test_unparsable_completions_get_the_penalty_and_skip_the_reward() -> None:
         return writing_tasks.writing_reward(summaries, expansions)
 
     joint = JointReward(reward, 2, parse_failure_reward=-1.0)
-    good = f"<agent_0>{SUMMARY}</agent_0><agent_1>{EXPANSION}</agent_1>"
-    assert joint([good, "no markers", good], batch_items=[{"prompt": "p"}]) == [3.0, -1.0, 3.0]
+    good = f"Task 1: {SUMMARY}\nTask 2: {EXPANSION}"
+    assert joint([good, "no headings", good], batch_items=[{"prompt": "p"}]) == [3.0, -1.0, 3.0]
     assert calls == [([SUMMARY, SUMMARY], [EXPANSION, EXPANSION])]  # one call, parsed only
-    assert joint(["no markers"], batch_items=[{"prompt": "p"}]) == [-1.0]
+    assert joint(["no headings"], batch_items=[{"prompt": "p"}]) == [-1.0]
     assert len(calls) == 1
 
 
@@ -89,23 +116,21 @@ def test_the_joint_policy_sees_every_role_and_is_scored_by_the_team_reward(tmp_p
     assert (trainer.num_agents, trainer.num_roles) == (1, 2)
     item = writing_tasks.writing_dataset()[0]
     script = ScriptedPolicy(
-        lambda prompt, g: (
-            f"<agent_0>{SUMMARY}</agent_0><agent_1>{EXPANSION}</agent_1>"
-            if g == 0
-            else "unparsable"
-        )
+        lambda prompt, g: f"Task 1: {SUMMARY}\nTask 2: {EXPANSION}" if g == 0 else "unparsable"
     )
     tree = collect_tree(
         trainer.env, [script], [(item, 0)], num_generations=2, sampling=SamplingConfig()
     )
     (prompt,), _ = script.calls[0]
-    assert writing_tasks.summary_formatter(item) in prompt
-    assert writing_tasks.expansion_formatter(item) in prompt
+    # The passage once, then each role's instruction (its prompt without the shared passage).
+    assert prompt.count(item["prompt"]) == 1
+    for formatter in (writing_tasks.summary_formatter, writing_tasks.expansion_formatter):
+        assert formatter(item).removesuffix(item["prompt"]).strip() in prompt
     assert tree.levels[0].rewards.tolist() == [[3.0, -1.0]]
 
 
 def test_training_changes_the_one_model_and_logs_the_loss(tmp_path) -> None:
-    # A random model never writes the markers: every reward is the penalty, so a raw
+    # A random model never writes the headings: every reward is the penalty, so a raw
     # (REINFORCE) advantage gives the gradient that pushes those completions down.
     trainer = make_trainer(tmp_path, advantage_mode="raw", advantage_normalization=False)
     before = copy.deepcopy(trainer.agents[0].model.state_dict())

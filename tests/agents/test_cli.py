@@ -279,7 +279,7 @@ def test_plot_writes_a_png(trained, tmp_path, capsys):
 
 
 def test_eval_from_a_checkpoint_repeats_the_final_evaluation(trained, capsys, tmp_path):
-    # The last checkpoint holds the weights and RNG state the final evaluation started from.
+    # The last checkpoint holds the weights and the run's sampling seed (its eval key).
     final = json.loads((trained / "eval-metrics.json").read_text())
     final.pop("env_step")
     code, out, err = run_cli(
@@ -294,6 +294,32 @@ def test_eval_from_a_checkpoint_repeats_the_final_evaluation(trained, capsys, tm
         *("--checkpoint", trained / "checkpoints" / "checkpoint-4"),
     )
     assert code == 2 and "written by the magrpo trainer, not marloo" in err
+
+
+def test_eval_of_the_best_model(tmp_path, capsys):
+    run = tmp_path / "run"
+    best = (
+        "--set",
+        "config.save_best_by=eval/turn_1/reward_mean",
+        "--set",
+        "config.eval_interval=2",
+    )
+    assert run_cli(capsys, "train", TINY, "--set", f"config.output_dir={run}", *best)[0] == 0
+    (folder,) = (run / "best").iterdir()
+    state = json.loads((folder / "trainer_state.json").read_text())["trainer_state"]
+    code, out, err = run_cli(
+        capsys, "eval", TINY, "--set", f"config.output_dir={run}", "--checkpoint", "best"
+    )
+    assert code == 0, err
+    assert (
+        json.loads((run / "eval" / "eval-metrics.json").read_text())["env_step"]
+        == (state["env_step"])
+    )
+    code, _, err = run_cli(
+        capsys, "eval", TINY, "--set", f"config.output_dir={tmp_path / 'none'}", "--checkpoint",
+        "best",
+    )  # fmt: skip
+    assert code == 2 and "holds no best model" in err
 
 
 def test_eval_of_a_saved_model_folder(trained, tmp_path, capsys):

@@ -77,10 +77,13 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 def assert_close_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     """Equal up to float rounding: a rank pads and sums other batches than one process, and
     AdamW turns a near-zero gradient's rounding into a step of up to its learning rate (1e-2
-    here, the size of a step from another sample)."""
+    here), so a few weights may differ by up to a step; another sample would move most."""
     assert got.keys() == want.keys()
-    for name, value in want.items():
-        torch.testing.assert_close(got[name], value, atol=5e-4, rtol=0, msg=name)
+    differ = sum(int(((got[n] - w).abs() > 1e-4).sum()) for n, w in want.items())
+    total = sum(w.numel() for w in want.values())
+    assert differ / total < 0.01, f"{differ} of {total} weights differ by more than 1e-4"
+    worst = max(float((got[n] - w).abs().max()) for n, w in want.items())
+    assert worst < 2e-2, worst  # at most two AdamW steps of lr 1e-2
 
 
 def test_two_ranks_end_with_identical_weights_equal_to_one_process(runs) -> None:
@@ -104,6 +107,9 @@ def test_every_family_trains_data_parallel_like_one_process(tmp_path, family) ->
     assert_close_weights(ranks[0], _params(single, 0))
     one, launch = _state(single, 0), _state(parallel, 0)
     assert launch["env_step"] == one["env_step"]
+    for key in ("loss", "grad_norm"):  # the last round: the same samples, the same update
+        if key in one["last"]:
+            assert launch["last"][key] == pytest.approx(one["last"][key], rel=1e-3), key
     for key in ("completions/length_mean", "completions/length_max"):  # the same samples
         if key in one["last"]:
             assert launch["last"][key] == pytest.approx(one["last"][key], abs=1e-12), key

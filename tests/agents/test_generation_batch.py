@@ -213,3 +213,26 @@ def test_vllm_backend_needs_vllm():
     from cmlrl_agents.policies.vllm_backend import vllm_sampling
 
     assert vllm_sampling(GREEDY, 2, {7})["temperature"] == 0.0
+
+
+def test_vllm_samples_carry_the_samplers_log_probs_and_keys_as_seeds() -> None:
+    """The vLLM backend's pieces that need no vLLM: each sample's token log-probs become the
+    completion's ``sampler_logprobs`` (the learner's truncated importance weights read them),
+    and a prompt's sampling key is its request's seed."""
+    from types import SimpleNamespace
+
+    from cmlrl_agents.policies.vllm_backend import _completion, vllm_sampling
+
+    agent = tiny_agent()
+    eos = min(agent.eos_token_ids)
+    sample = SimpleNamespace(
+        text="hi",
+        token_ids=[5, 6, eos],
+        logprobs=[
+            {t: SimpleNamespace(logprob=lp)} for t, lp in ((5, -0.5), (6, -1.25), (eos, -2.0))
+        ],
+    )
+    completion = _completion(agent, [1, 2], sample)
+    assert completion.sampler_logprobs == (-0.5, -1.25, -2.0) and completion.finished
+    params = vllm_sampling(SamplingConfig(max_new_tokens=4), 2, {eos}, seed=123)
+    assert params["seed"] == 123 and params["logprobs"] == 0

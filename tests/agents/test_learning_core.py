@@ -230,3 +230,32 @@ def test_an_early_ended_chain_keeps_its_reward_for_its_unplayed_turns_in_gae() -
     assert ret[0][1, 0].item() == pytest.approx(0.95 * (1 + 0.9))  # absorbing: 0.95 twice
     # the same value the MAGRPO family's tree return gives it
     assert joint_returns(tree, 0.9)[0][1, 0].item() == pytest.approx(0.95 * 1.9)
+
+
+def test_rows_from_a_separate_sampler_are_weighted_by_the_truncated_ratio() -> None:
+    from cmlrl_agents import MAGRPOConfig
+    from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
+
+    def gradient(backend: str, shift: float) -> list[torch.Tensor]:
+        agent = tiny_agent(seed=2)
+        args = MAGRPOConfig(
+            num_agents=1, generation_backend=backend, tis_cap=1.5, max_grad_norm=None,
+            temperature=0.8, output_dir=None,
+        )  # fmt: skip
+        learner = PolicyGradientLearner([agent], args, num_turns=1)
+        batch = build_batch([(1, 5, 9)], [(10, 11, 12)], 0)
+        with torch.no_grad():
+            lp = sequence_logprobs(agent.model, batch, temperature=0.8)[0, 3:]
+        row = PolicyRow(
+            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5, 9), completion_ids=(10, 11, 12),
+            advantage=1.0, sampler_logprobs=tuple((lp - shift).tolist()),
+        )  # fmt: skip
+        grads = record_step_gradients(learner.optimizers[0])
+        learner.update(TrainBatch((row,), num_items=1))
+        return grads
+
+    plain = gradient("hf", 0.0)  # transformers' generate: the trainer's own model sampled
+    # the sampler found each token half as likely: ratio 2, truncated at 1.5
+    weighted = gradient("vllm", LN2)
+    for p, w in zip(plain, weighted, strict=True):
+        torch.testing.assert_close(w, 1.5 * p, atol=1e-6, rtol=1e-4)

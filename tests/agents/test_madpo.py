@@ -223,3 +223,22 @@ def test_keywords_madpo_does_not_take_are_refused_by_name():
     for keyword in ("external_transition", "formatter"):
         with pytest.raises(TypeError, match=keyword):
             MADPOTrainer(agents=[tiny_agent(seed=0)], **{keyword: object()})
+
+
+def test_pairs_are_sampled_with_each_agents_settings_through_the_trainers_backend(tmp_path):
+    trainer = make_trainer(
+        tmp_path, agent_sampling=[{"temperature": 0.5}, {"temperature": 1.3, "top_k": 7}],
+        eval_interval=0,
+    )  # fmt: skip
+    seen = []
+    backend = trainer.generation_backend
+    generate = backend.generate
+
+    def spy(agents, requests):
+        seen.extend((r.agent, r.sampling.temperature, r.sampling.top_k, r.keys) for r in requests)
+        return generate(agents, requests)
+
+    backend.generate = spy
+    trainer.build_pairs(0)
+    assert {(a, t, k) for a, t, k, _ in seen} == {(0, 0.5, 50), (1, 1.3, 7)}
+    assert all(keys is not None for *_, keys in seen)  # drawn from the run's pair keys

@@ -181,11 +181,11 @@ def test_a_round_logs_the_diagnostics(tmp_path) -> None:
     assert metrics["agent_0/entropy"] > 0
 
 
-def test_adamw_weight_decay_is_the_configs() -> None:
+def test_adamw_weight_decay_is_the_configs(tmp_path) -> None:
     data = Dataset.from_dict({"prompt": ["a"]})
     trainer = MAGRPOTrainer(
         agents=[tiny_agent()], reward_func=lambda c: [0.0] * len(c), train_dataset=data,
-        args=MAGRPOConfig(weight_decay=0.05, output_dir=None, eval_interval=0),
+        args=MAGRPOConfig(weight_decay=0.05, output_dir=str(tmp_path / "run"), eval_interval=0),
     )  # fmt: skip
     assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.05
     assert MAGRPOConfig().weight_decay == 0.0

@@ -1,0 +1,207 @@
+"""``cmlrl experiment``: the tiny-model version of the paper experiment end to end, resuming,
+equal compute, the per-sample eval summary and the file's checks."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cmlrl_agents.cli.commands import main
+from cmlrl_agents.cli.experiment import load_experiment
+from cmlrl_agents.cli.experiment_eval import CountingBackend, summarize
+from cmlrl_agents.cli.experiment_runs import run_files
+from cmlrl_agents.cli.spec import CLIError
+
+PAPER = Path(__file__).resolve().parents[2] / "examples" / "experiments" / "paper_small.yaml"
+TINY = (
+    *("model=tiny", "seeds=[0,1]", "compute.train_items=2", "compute.items_per_round=2"),
+    *("compute.num_generations=2", "compute.max_new_tokens=8", "eval.max_items=2"),
+    *("eval.samples_per_item=2", "eval.pass_k=2", "eval.every_rounds=1"),
+    *("tasks.writing.compute.max_new_tokens=8", "tasks.writing.compute.train_items=2"),
+    *("tasks.writing.eval.max_items=2", "tasks.code_2turn.compute.train_items=2"),
+    *("tasks.code_2turn.eval.samples_per_item=2", "tasks.code_2turn.eval.pass_k=2"),
+)
+
+
+def tiny_argv(out: Path, *extra: str) -> list[str]:
+    sets = [arg for pair in TINY + extra for arg in ("--set", pair)]
+    return ["experiment", str(PAPER), "--output-dir", str(out), *sets]
+
+
+def test_the_tiny_experiment_runs_every_method_and_writes_the_table_and_plot(
+    tmp_path, capsys
+) -> None:
+    out = tmp_path / "exp"
+    assert main(tiny_argv(out)) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(": eval reward ") == 14  # 3 + 3 + 1 methods, 2 seeds each
+    for suffix in ("md", "csv", "json", "png"):
+        assert (out / f"results.{suffix}").stat().st_size > 0
+    report = json.loads((out / "results.json").read_text())
+    rows = {(r["task"], r["method"]): r for r in report["rows"]}
+    assert set(rows) == {
+        *((t, m) for t in ("code", "writing") for m in ("untrained team", *METHODS)),
+        *(("code_2turn", m) for m in ("untrained team", "team")),
+    }
+    assert all(r["seeds"] == 2 and r["eval_samples"] == 4 for r in rows.values())
+    assert rows["code", "team"]["pass@k"].startswith("pass@2: ")
+    assert rows["code", "centralized"]["parse_rate"] != ""
+    assert rows["code_2turn", "team"]["turn_2"] != "" and "turn_2" not in rows["code", "team"]
+    runs = report["runs"]
+    assert len(runs) == 14
+    for run in runs:
+        assert [p["rounds"] for p in run["points"]] == [0, 1]  # before, then after one round
+        assert run["optimizer_steps"] == 1 and run["rounds"] == 1
+    # Equal compute: every 1-turn method samples the same budget (2 items x G=2 x 2 x 8 tokens).
+    one_turn = [r for r in runs if r["num_turns"] == 1]
+    assert {r["token_budget_per_round_turn_1"] for r in one_turn} == {64}
+    assert all(0 < r["train_tokens"] <= 64 for r in one_turn)
+    two_turn = [r for r in runs if r["num_turns"] == 2]
+    assert all(64 < r["train_tokens"] <= 64 + 2 * 2 * 2 * 2 * 8 for r in two_turn)
+    # Run again: every run is finished, so each is skipped and the table is written again.
+    (out / "results.md").unlink()
+    assert main(tiny_argv(out)) == 0
+    assert capsys.readouterr().out.count("finished before, skipped") == 14
+    assert (out / "results.md").is_file()
+
+
+METHODS = ("team", "single", "centralized")
+
+
+def test_an_interrupted_run_starts_again_and_finished_runs_are_kept(tmp_path, capsys) -> None:
+    out = tmp_path / "exp"
+    only_code = ("seeds=[0]", "tasks={code: {kind: code, methods: [team, single]}}")
+    assert main(tiny_argv(out, *only_code)) == 0
+    capsys.readouterr()
+    done = out / "code" / "team" / "seed-0"
+    half = out / "code" / "single" / "seed-0"
+    kept = (done / "result.json").read_text()
+    (half / "result.json").unlink()  # as if stopped before the end
+    (half / "leftover.txt").write_text("from the interrupted run")
+    assert main(tiny_argv(out, *only_code)) == 0
+    printed = capsys.readouterr().out
+    assert "code/team/seed-0: finished before, skipped" in printed
+    assert "code/single/seed-0: eval reward" in printed
+    assert (done / "result.json").read_text() == kept
+    assert (half / "result.json").is_file() and not (half / "leftover.txt").exists()
+
+
+def test_equal_compute_is_derived_from_one_section() -> None:
+    plan = load_experiment(PAPER)
+    runs = {(r.task, r.method, r.seed): r.spec for r in run_files(plan)}
+    assert len(runs) == 7 * 3
+    team, single, central = (runs["code", m, 0] for m in METHODS)
+    assert team["config"]["max_new_tokens"] == 96 and team["config"]["num_agents"] == 2
+    assert single["config"]["max_new_tokens"] == central["config"]["max_new_tokens"] == 192
+    assert central["algorithm"] == "magrpo_centralized"
+    assert central["config"]["parse_failure_reward"] == 0.0
+    for key in ("num_generations", "rollout_buffer_size", "num_train_epochs", "seed"):
+        assert team["config"][key] == single["config"][key] == central["config"][key]
+    assert runs["writing", "team", 1]["config"]["max_new_tokens"] == 80
+    assert runs["writing", "single", 1]["task"]["reward"].endswith(":writing_single_reward")
+    two = runs["code_2turn", "team", 2]
+    assert (two["config"]["num_turns"], two["config"]["num_generations"]) == (2, 2)
+    assert "transition" not in two["task"] and team["task"]["transition"] is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("compute.train_items=5", "not a multiple of items_per_round=4"),
+        ("eval.pass_k=3", "pass@k needs n >= k"),
+        ("eval.every_rounds=3", "does not divide its 4 rounds"),
+        ("tasks.code.methods=[team, solo]", "methods must list some of"),
+        ("tasks.writing.num_turns=2", "more than one turn is the code task's team only"),
+        ("seeds=[]", "seeds must be a non-empty list"),
+        ("tasks.code_2turn.baseline=nothing", "baseline 'nothing' is not a task here"),
+        ("computes.epochs=1", "unknown key of paper_small.yaml 'computes'"),
+    ],
+)
+def test_mistakes_in_the_file_are_one_clear_error(override: str, message: str) -> None:
+    with pytest.raises(CLIError, match=message.replace("(", r"\(")):
+        load_experiment(PAPER, [override])
+
+
+def test_summarize_by_a_hand_worked_example() -> None:
+    # Two items, two samples each: rewards (1, 3) and (0, 0); item a passes once.
+    samples = [
+        {"item": "a", "reward": {"turn_1": 1.0}, "passed": {"turn_1": 0.0}},
+        {"item": "a", "reward": {"turn_1": 3.0}, "passed": {"turn_1": 1.0}},
+        {"item": "b", "reward": {"turn_1": 0.0}, "passed": {"turn_1": 0.0}},
+        {"item": "b", "reward": {"turn_1": 0.0}, "passed": {"turn_1": 0.0}},
+    ]
+    point = summarize(samples, num_turns=1, pass_k=2)
+    assert point["reward"] == 1.0 and point["samples"] == 4
+    # Within-item variances 2 and 0: sqrt((2/2 + 0/2)) / 2 items = 0.5.
+    assert point["reward_se"] == 0.5
+    assert math.isclose(point["turn_1/reward_std"], math.sqrt(2.0))  # values 1,3,0,0
+    assert point["turn_1/pass@1"] == 0.25 and point["turn_1/pass@2"] == 0.5
+    parsed = [{**s, "parsed": i != 0} for i, s in enumerate(samples)]
+    assert summarize(parsed, 1, 2)["parse_rate"] == 0.75
+    single = summarize([{"item": "a", "reward": {"turn_1": 1.0}}] * 1, 1, 1)
+    assert single["reward"] == 1.0 and math.isnan(single["reward_se"])
+
+
+def test_the_counting_backend_counts_training_and_eval_tokens_apart() -> None:
+    def completion(n: int) -> SimpleNamespace:
+        return SimpleNamespace(completion_ids=tuple(range(n)))
+
+    class Inner:
+        synced = 0
+
+        def generate(self, agents, requests):
+            return [[[completion(3)] * r.num_samples for _ in r.prompts] for r in requests]
+
+        def sync(self, agents):
+            self.synced += 1
+
+    ticks = []
+    counter = CountingBackend(Inner(), on_train=ticks.append)
+    counter.rounds_done = lambda: 5
+    train = [SimpleNamespace(prompts=["p", "q"], num_samples=4)] * 2
+    counter.generate([], train)
+    counter.generate([], [SimpleNamespace(prompts=["p"], num_samples=1)])
+    counter.sync([])
+    assert (counter.train_tokens, counter.eval_tokens) == (2 * 2 * 4 * 3, 3)
+    assert ticks == [5] and counter.inner.synced == 1 and counter.eval_started is not None
+
+
+def test_the_counting_wrapper_reaches_training_and_an_evaluator_holding_the_backend() -> None:
+    from cmlrl_agents.cli.experiment_runs import _count_generation
+
+    backend = object()
+    trainer = SimpleNamespace(
+        generation_backend=backend, evaluator=SimpleNamespace(backend=backend)
+    )
+    counter = _count_generation(trainer, SimpleNamespace(tick=lambda rounds: None))
+    assert trainer.generation_backend is counter and trainer.evaluator.backend is counter
+    assert counter.inner is backend
+    plain = SimpleNamespace(generation_backend=backend)
+    assert _count_generation(plain, SimpleNamespace(tick=None)).inner is backend
+
+
+def test_the_pilot_benchmark_times_a_trained_and_an_untrained_run(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    import importlib.util
+    import sys
+
+    path = PAPER.parents[2] / "benchmarks" / "paper_pilot.py"
+    spec = importlib.util.spec_from_file_location("paper_pilot", path)
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+    sets = ("model=tiny", "compute.max_new_tokens=8", "tasks.writing.compute.max_new_tokens=8")
+    argv = ["paper_pilot.py", "--output-dir", str(tmp_path), "--only", "code/team"]
+    argv += ["writing/centralized", "--eval-only", "writing/centralized"]
+    monkeypatch.setattr(sys, "argv", [*argv, *(a for s in sets for a in ("--set", s))])
+    pilot.main()
+    table = capsys.readouterr().out.split("\n\n")[-1].strip().splitlines()
+    assert table[0].startswith("| run | s per round (CPU s) | train tokens per round / budget |")
+    team, central = table[2:]
+    assert team.startswith("| code / team | ") and team.split(" | ")[2].endswith(" / 128")
+    assert central.startswith("| writing / centralized | not trained | not trained | ")
+    assert central.endswith(" | 16 |  | 0.000 |")  # 16 eval samples, no pass@1, parse rate 0
