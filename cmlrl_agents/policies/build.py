@@ -90,7 +90,7 @@ def build_agents(
             "no model given: pass agent_model='<hub id or local folder>' or "
             "agents=[model, ...] with tokenizer=..."
         )
-    if agent_model is not None:
+    if agents is None:  # agent_model is given (checked above)
         if isinstance(agent_model, LLMAgent) or not isinstance(agent_model, str):
             raise TypeError(
                 f"agent_model must be a hub id or local folder (str), got "
@@ -98,7 +98,6 @@ def build_agents(
             )
         specs: list[Any] = [agent_model] * num_agents
     else:
-        assert agents is not None  # both None was refused above
         specs = list(agents)
     if configs is not None and agent_model is not None:  # one base for the whole team
         one = _build_one(agent_model, _tokenizer_for(tokenizer, 0, num_agents), config, 0,

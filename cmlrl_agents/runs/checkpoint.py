@@ -189,11 +189,9 @@ def save_checkpoint(
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
         raise ValueError(f"keep_last must be None (keep all) or an int >= 1, got {keep_last!r}.")
-    rngs: list[Mapping[str, Any]]
     if weights_only:
-        optimizers, schedulers, rngs = {}, {}, []
-    else:
-        rngs = [rng_state()] if rng_states is None else list(rng_states)
+        optimizers, schedulers = {}, {}
+    rngs = [] if weights_only else [rng_state()] if rng_states is None else list(rng_states)
     manifest = {
         "format_version": _FORMAT_VERSION,
         "weights_only": weights_only,
