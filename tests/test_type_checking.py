@@ -42,8 +42,8 @@ def strict_patterns() -> list[str]:
 
 
 def strict_settings(module: str) -> dict[str, object]:
-    """The settings the config gives ``module``: the global ones, then every override whose
-    pattern matches it (mypy's order)."""
+    """The settings the config gives ``module``: the global ones, then those of every override
+    whose pattern matches it (no two of which set one key)."""
     settings = {k: v for k, v in MYPY.items() if k != "overrides"}
     for section in MYPY.get("overrides", []):
         if any(_matches(module, p) for p in section["module"]):
