@@ -174,6 +174,7 @@ def build_ours(model_dir: str, data: Dataset, tokens: int, out: str, lora: bool)
         eval_interval=0,
         seed=0,
         output_dir=out,
+        verbose=False,  # the timed round prints nothing
     )
     return MAGRPOTrainer(
         agent_model=model_dir,

@@ -17,6 +17,7 @@ def lora_agent(seed: int) -> LLMAgent:
 
 
 def test_lora_agents_train_only_their_adapters_and_checkpoint_them(tmp_path):
+    torch.manual_seed(0)  # peft draws lora_A here, before the trainer (and its seed) exists
     agents = [lora_agent(0), lora_agent(1)]
     before = [{n: p.detach().clone() for n, p in a.model.named_parameters()} for a in agents]
     args = MAGRPOConfig(
@@ -26,7 +27,7 @@ def test_lora_agents_train_only_their_adapters_and_checkpoint_them(tmp_path):
         eval_interval=0,
         agent_learning_rate=1e-2,
         save_steps=4,
-        seed=0,  # the samples come from the global RNG: unseeded, they depend on earlier tests
+        seed=0,  # the samples' keys
         output_dir=str(tmp_path / "run"),
     )
     trainer = MAGRPOTrainer(
