@@ -111,9 +111,9 @@ def test_equal_compute_is_derived_from_one_section() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("compute.train_items=5", "not a multiple of items_per_round=4"),
+        ("compute.train_items=5", "not a multiple of items_per_round=2"),
         ("eval.pass_k=3", "pass@k needs n >= k"),
-        ("eval.every_rounds=3", "does not divide its 4 rounds"),
+        ("eval.every_rounds=3", "does not divide its 8 rounds"),
         ("tasks.code.methods=[team, solo]", "methods must list some of"),
         ("tasks.writing.num_turns=2", "more than one turn is the code task's team only"),
         ("seeds=[]", "seeds must be a non-empty list"),
