@@ -39,18 +39,19 @@ class MAGRPOConfig(SharedConfig):
     advantage_normalization: bool = True
     """Divide advantages by the siblings' return std (no re-centring); refused with
     ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
-    agent_learning_rate: float = 5e-5
-    """AdamW learning rate of every agent. 5e-5, not the shared 5e-6 (comlrl's default, which
-    learned less per round): on the seed's length-ratio program 5e-5 reached 0.93 and 0.97 in
-    two seeds within comlrl's training time; 1e-4 swung and fell below its start within 11
-    rounds, and 2e-5 learned slowly (benchmarks/learning.py; the runs are in
+    agent_learning_rate: float = 1e-4
+    """AdamW learning rate of every agent. 1e-4, not the shared 5e-6 (comlrl's default, which
+    learned less per round): on the seed's length-ratio program, one epoch at 2 items per round,
+    it raised all three seeds (mean 0.39 -> 0.72) where 5e-5 at 4 items reached 0.42 and 2e-4
+    spread more between seeds than it gained (benchmarks/defaults.py; every run in
     docs/experiments.md, "Why the MAGRPO defaults")."""
     loss_aggregation: str = "sequence_sum"
     """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
-    rollout_buffer_size: int = 4
-    """Task items rolled out together (one batched generate per agent and turn) per update:
-    4 items make generate batches of 16 completions per agent, 2.4x cheaper per completion than
-    the reference's batches of 4 on 2 CPU cores (benchmarks/vs_comlrl.py)."""
+    rollout_buffer_size: int = 2
+    """Task items rolled out together (one batched generate per agent and turn) per update. 2
+    gives twice the optimizer steps of 4 for the same samples, which learned more in the
+    defaults' seed runs; 4 or more make larger generate batches, cheaper per completion on
+    CPUs (benchmarks/vs_comlrl.py), for tasks with many items."""
     ppo_clip_range: float | None = 0.2
     """PPO's clip of the ratio to the policy that sampled, on rounds of several optimizer steps
     (``train_batch_size < rollout_buffer_size``): the later steps train on samples of a policy

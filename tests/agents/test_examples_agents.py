@@ -49,5 +49,5 @@ def test_length_ratio_example_with_smollm2(tmp_path):
     train = [
         row["turn_1/reward_mean"] for row in map(json.loads, lines) if "turn_1/reward_mean" in row
     ]
-    assert len(train) == 2 and all(0.0 < r <= 1.0 for r in train)  # 8 items, 4 per round
+    assert len(train) == 4 and all(0.0 < r <= 1.0 for r in train)  # 8 items, 2 per round
     assert json.loads((tmp_path / "eval-metrics.json").read_text())["eval/turn_1/reward_mean"] > 0

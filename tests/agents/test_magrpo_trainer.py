@@ -384,7 +384,7 @@ def test_config_rejects_unknown_fields_and_cross_field_rules():
     config = MAGRPOConfig()
     with pytest.raises(AttributeError, match="has no field 'eval_samples'"):
         config.eval_samples = 3
-    with pytest.raises(ValueError, match="train_batch_size=8 is larger than rollout_buffer_size=4"):
+    with pytest.raises(ValueError, match="train_batch_size=8 is larger than rollout_buffer_size=2"):
         MAGRPOConfig(train_batch_size=8)
     config = MAGRPOConfig(num_generations=1, advantage_mode="raw", advantage_normalization=False)
     assert config.num_generations == 1
