@@ -29,6 +29,10 @@ def small(**fields) -> dict:
     )
 
 
+def total_length(first: list[str], second: list[str]) -> list[float]:
+    return [float(len(a) + len(b)) for a, b in zip(first, second, strict=True)]
+
+
 def train_items(n: int = 2):
     return tasks.length_ratio_dataset().select(range(n))
 
@@ -46,14 +50,23 @@ def model_folder(tmp_path_factory) -> Path:
 # ------------------------------------------------------------------ 21: device placement
 @pytest.mark.parametrize("devices", ["cpu", ["cpu"], ["cpu", "cpu"], "auto"])
 def test_agent_and_reference_devices_place_the_models(tmp_path, devices):
+    # EOS is likely and the reward counts characters, so completions differ in reward: the step
+    # has a signal (with no spread only the KL term's float noise would move the weights).
     trainer = MAGRPOTrainer(
-        agents=[tiny_agent(0), tiny_agent(1)],
+        agents=[tiny_agent(0, eos_bias=1.0), tiny_agent(1, eos_bias=1.0)],
         train_dataset=train_items(),
         args=MAGRPOConfig(
-            **small(agent_devices=devices, reference_kl_enabled=True, reference_devices=devices),
+            **small(
+                agent_devices=devices,
+                reference_kl_enabled=True,
+                reference_devices=devices,
+                num_generations=4,
+                max_new_tokens=6,
+            ),
             output_dir=str(tmp_path / "run"),
         ),
-        **TASK,
+        formatters=TASK["formatters"],
+        reward_func=total_length,
     )
     expected = "cuda" if devices == "auto" and torch.cuda.is_available() else "cpu"
     assert [a.device.type for a in trainer.agents] == [expected, expected]
@@ -62,6 +75,7 @@ def test_agent_and_reference_devices_place_the_models(tmp_path, devices):
     before = [p.detach().clone() for p in trainer.agents[0].model.parameters()]
     metrics = trainer.train()
     assert "loss" in metrics and "turn_1/reference_kl_mean" in metrics
+    assert metrics["groups/zero_spread_fraction"] < 1.0
     after = list(trainer.agents[0].model.parameters())
     assert any(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
