@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def torch_threads():
-    """Restore PyTorch's thread count and the once-per-process flag after the test."""
+    """A fresh once-per-process flag (an earlier run may have warned already), and PyTorch's
+    thread count and the flag restored after the test."""
     before = torch.get_num_threads()
+    threads._warned = False
     yield
     torch.set_num_threads(before)
     threads._warned = False
