@@ -42,9 +42,9 @@ class MAGRPOConfig(SharedConfig):
     agent_learning_rate: float = 1e-4
     """AdamW learning rate of every agent. 1e-4, not the shared 5e-6 (comlrl's default, which
     learned less per round): on the seed's length-ratio program, one epoch at 2 items per round,
-    it raised all three seeds (mean 0.39 -> 0.72) where 5e-5 at 4 items reached 0.42 and 2e-4
-    spread more between seeds than it gained (benchmarks/defaults.py; every run in
-    docs/experiments.md, "Why the MAGRPO defaults")."""
+    it raised all three seeds (mean 0.39 -> 0.72; 0.63 over six seeds) where 5e-5 at 4 items
+    reached 0.42 and 2e-4 spread more between seeds than it gained (benchmarks/defaults.py;
+    every run in docs/experiments.md, "Why the MAGRPO defaults")."""
     loss_aggregation: str = "sequence_sum"
     """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
     rollout_buffer_size: int = 2
@@ -58,7 +58,9 @@ class MAGRPOConfig(SharedConfig):
     that has moved since. A round of one step is on-policy and needs none (None: refuse rounds
     of several steps)."""
     reference_kl_enabled: bool = False
-    """Penalise divergence from a frozen copy of each agent's initial weights."""
+    """Penalise divergence from a frozen copy of each agent's initial weights. Off by default;
+    on the seed's length-ratio program it learned more per epoch over six seeds (mean 0.63 ->
+    0.72, docs/experiments.md), at the memory of a frozen copy per fully fine-tuned agent."""
     reference_kl_coef: float = 0.1
     prefix_sharing: bool = True
     """Score the G completions of a prompt over one forward of the prompt (its KV cache serves
