@@ -5,8 +5,9 @@ builtins, while the program (``_code_server``) runs in the sandbox. ``run(link, 
 deadline)`` executes the problem's own code (the prompt's imports and given functions, such as
 ``poly``) and the test module's top-level statements, waits for the program to load, binds
 ``candidate`` and the entry point's name to a stand-in whose calls cross the pipe, then executes
-the statements of ``check`` one by one. A statement that holds an ``assert`` is one test,
-known by its position here: the result is one entry per test (``None``: passed, else why not),
+the statements of ``check`` one by one. A statement that holds an ``assert`` and calls
+``candidate`` is one test, known by its position here (after three tests timed out, the rest
+are not run): the result is one entry per test (``None``: passed, else why not),
 whatever the program sends. The program only ever sees the arguments of its calls; the expected
 values, the comparisons and the report never leave this process.
 """
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 GRACE_S = 0.5
 """How long after a statement's time is up the checker waits for the program's own alarm."""
+MAX_TIMEOUTS = 3
+"""After this many tests timed out, the rest are not run (they fail), as in the paper's code."""
 
 
 class _StatementTimeout(BaseException):
@@ -143,18 +146,22 @@ def run(link: Any, payload: dict[str, Any], deadline: float) -> dict[str, Any]:
     report: dict[str, Any] = {"load_error": gone, "tests": [], "setup_errors": []}
     candidate = Candidate(link)
     namespace["candidate"] = namespace[payload["entry"]] = candidate
+    timeouts, skip = 0, None
     for is_test, code in statements:
         now = time.monotonic()
         if gone is None and now >= deadline:
             gone = "the run's wall-clock limit passed"
         error: str | None
-        if gone is not None:
-            error = f"not run: {gone}"
+        if gone is not None or skip is not None:
+            error = f"not run: {gone or skip}"
         else:
             end = min(now + payload["timeout"], deadline)
             error, gone = _execute(code, namespace, candidate, link, end)
         if is_test:
             report["tests"].append(error)
+            timeouts += error == "timeout"
+            if timeouts >= MAX_TIMEOUTS and skip is None:
+                skip = f"{MAX_TIMEOUTS} tests timed out"
         elif error is not None and gone is None:
             report["setup_errors"].append(error)
     report["stopped"] = gone if report["load_error"] is None else None

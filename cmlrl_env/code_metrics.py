@@ -16,12 +16,16 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cmlrl_env.code_reward import CodeScore, extract_code, score_batch, split_single_program
+from cmlrl_env.code_reward import (
+    CODE_LEVELS,
+    CodeScore,
+    extract_code,
+    score_batch,
+    split_single_program,
+)
 from cmlrl_env.code_tasks import problem_of
 
 __all__ = ["pass_at_k", "pass_at_k_mean", "code_eval_logger", "code_eval_aggregator"]
-
-LEVELS = ("aux_defined", "main_defined", "compiles", "tests", "calls_aux", "uses_aux_result")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -88,7 +92,7 @@ def code_eval_logger(
             row[f"{key}/passed"] = float(score.passed_all)
             row[f"{key}/test_pass_rate"] = score.pass_rate
             row[f"{key}/reward"] = score.reward
-            for level in LEVELS:
+            for level in CODE_LEVELS:
                 row[f"{key}/level/{level}"] = score.levels.get(level, 0.0)
     return rows
 

@@ -1,24 +1,32 @@
 """The level-based code reward of the MAGRPO paper's coding tasks, on sandboxed test runs.
 
 A helper agent writes ``aux``; a main agent writes the problem's entry point, which should call
-``aux``. ``score_code`` grades one joint answer in gated levels (a later level counts only when
-the earlier gates hold):
+``aux``. ``score_code`` grades one joint answer in gated levels, by the rules of the MAGRPO
+paper's published reward (OpenMLRL ``LLM_Collab_Code_Generation``, ``execution_reward_aux``):
 
-=====  ===========================================================  ======
-level  what                                                         reward
-=====  ===========================================================  ======
-1      the helper's code parses and defines ``aux``                  0.4
-2      the main code parses and defines the entry point              0.6
-3      problem context + helper + main compile together              0.5
-4      fraction of the problem's tests that pass (sandboxed run)     1.5 × f
-5      main calls ``aux`` (0.5) and uses its result (0.5); only      1.0
-       when at least one test passes, main binds ``aux`` nowhere
-       and binds its entry point only by its one definition
-=====  ===========================================================  ======
+=====  ==============================================================  ========
+level  what                                                            reward
+=====  ==============================================================  ========
+1      the helper's code defines ``aux`` with a ``return`` (optional:    0.4
+       the reward goes on without it)
+1      the main code defines the entry point with a ``return``; else     0.6
+       the reward stops
+2      problem context + helper + main compile together; else stop       0.5
+3      the fraction of the problem's tests that pass (sandboxed run);    1.0 × f
+       no tests: stop
+bonus  only when a test passed and the helper defines ``aux``, main      0.5
+       binds ``aux`` nowhere and its entry point only by its one
+       definition: main calls ``aux``
+       ... and main is not a bare wrapper (``return aux(...)``, or       1.0
+       ``r = aux(...)`` then ``return r``)
+       ... and a call of ``aux`` is a bare statement (result dropped)    −0.5
+=====  ==============================================================  ========
 
-The maximum is ``CODE_REWARD_MAX = 4.0``, and no reward exceeds it; a failed gate (levels 1–3)
-stops there. Tests are the statements of the problem's ``check(candidate)``: each statement that
-contains an ``assert`` is one test.
+The maximum is ``CODE_REWARD_MAX = 4.0``: a main that only forwards a correct helper's result
+scores 3.0, one that builds on it 4.0. Tests are the statements of the problem's
+``check(candidate)`` that hold an ``assert`` and call ``candidate`` (so ``assert True`` is not
+one); after three of them time out, the rest are not run. The helper's code joins the program
+only when it parses. docs/tasks.md lists what differs from the paper's code, and why.
 
 The tests never run in the program's process. The program (context, helper and main, served by
 ``_code_server``) runs in ``cmlrl_env.sandbox``; the trusted checker (``_code_checker``) runs in
@@ -46,10 +54,13 @@ from pathlib import Path
 
 from cmlrl_env.code_static import (
     HELPER_NAME,
+    Function,
     aux_usage,
     bound_names,
     count_tests,
     extract_code,
+    has_return,
+    is_wrapper,
     parse,
     split_single_program,
     test_plan,
@@ -58,6 +69,7 @@ from cmlrl_env.code_static import (
 from cmlrl_env.sandbox import Checker, RunResult, SandboxLimits, run_programs
 
 __all__ = [
+    "CODE_LEVELS",
     "CODE_REWARD_MAX",
     "DEFAULT_LIMITS",
     "CodeProblem",
@@ -71,10 +83,16 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 CODE_REWARD_MAX = 4.0
-LEVEL_WEIGHTS = {"aux_defined": 0.4, "main_defined": 0.6, "compiles": 0.5}
-TESTS_WEIGHT = 1.5
-CALLS_AUX_WEIGHT = 0.5
-USES_AUX_RESULT_WEIGHT = 0.5
+LEVEL_WEIGHTS = {
+    "aux_defined": 0.4,
+    "main_defined": 0.6,
+    "compiles": 0.5,
+    "tests": 1.0,
+    "uses_aux": 0.5,
+    "not_wrapper": 1.0,
+    "discarded_aux_result": -0.5,
+}
+CODE_LEVELS = tuple(LEVEL_WEIGHTS)
 DEFAULT_LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=10, memory_mb=1024, max_processes=1)
 """One process per program (no fork, no threads): its memory limit is the run's on any machine."""
 _HERE = Path(__file__).parent
@@ -126,14 +144,16 @@ class _Static:
     levels: dict[str, float]
     reason: str
     program: str | None
-    calls_aux: bool = False
-    uses_result: bool = False
+    bonus: dict[str, float] = field(default_factory=dict)
+    """The cooperation levels, earned only when a test passes."""
     bonus_forfeit: str = ""
 
 
-def _forfeit(main_code: str, entry: str) -> str:
-    """Why the main code gets no cooperation bonus whatever it calls ('' when it may)."""
+def _forfeit(helper_defines_aux: bool, main_code: str, entry: str) -> str:
+    """Why the team gets no cooperation bonus whatever main calls ('' when it may)."""
     names = bound_names(parse(main_code))
+    if not helper_defines_aux:
+        return f"the helper defines no {HELPER_NAME}"
     if names[HELPER_NAME]:
         return f"main redefines {HELPER_NAME} (binds the name itself) instead of using the helper's"
     if names[entry] > 1:
@@ -141,29 +161,42 @@ def _forfeit(main_code: str, entry: str) -> str:
     return ""
 
 
+def _bonus(main: Function) -> dict[str, float]:
+    calls, discards = aux_usage(main)
+    if not calls:
+        return {}
+    bonus = {"uses_aux": LEVEL_WEIGHTS["uses_aux"]}
+    if not is_wrapper(main):
+        bonus["not_wrapper"] = LEVEL_WEIGHTS["not_wrapper"]
+    if discards:
+        bonus["discarded_aux_result"] = LEVEL_WEIGHTS["discarded_aux_result"]
+    return bonus
+
+
 def _static(problem: CodeProblem, helper: str, main: str) -> _Static:
     levels: dict[str, float] = {}
     helper_code, main_code = extract_code(helper), extract_code(main)
-    if HELPER_NAME in top_functions(parse(helper_code)):
+    helper_tree = parse(helper_code)
+    aux = top_functions(helper_tree).get(HELPER_NAME)
+    if aux is not None and has_return(aux):
         levels["aux_defined"] = LEVEL_WEIGHTS["aux_defined"]
-    main_funcs = top_functions(parse(main_code))
-    if problem.entry_point in main_funcs:
-        levels["main_defined"] = LEVEL_WEIGHTS["main_defined"]
-    if len(levels) < 2:
-        missing = [
-            n
-            for n, k in ((HELPER_NAME, "aux_defined"), (problem.entry_point, "main_defined"))
-            if k not in levels
-        ]
-        return _Static(levels, f"not defined (or not parsable): {', '.join(missing)}", None)
-    source = f"{problem.context}\n{helper_code}\n\n{main_code}\n"
+    entry = top_functions(parse(main_code)).get(problem.entry_point)
+    if entry is None or not has_return(entry):
+        what = "does not define" if entry is None else "has no return in"
+        reason = f"the main code {what} {problem.entry_point} (or does not parse)"
+        return _Static(levels, reason, None)
+    levels["main_defined"] = LEVEL_WEIGHTS["main_defined"]
+    joined = helper_code if helper_tree is not None else ""  # aux is optional, so is its code
+    source = f"{problem.context}\n{joined}\n\n{main_code}\n"
     try:
         compile(source, "solution.py", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return _Static(levels, f"the combined program does not compile: {exc}", None)
     levels["compiles"] = LEVEL_WEIGHTS["compiles"]
-    calls, uses = aux_usage(main_funcs[problem.entry_point])
-    return _Static(levels, "", source, calls, uses, _forfeit(main_code, problem.entry_point))
+    if not count_tests(problem.test):
+        return _Static(levels, "the problem has no tests that call candidate", None)
+    forfeit = _forfeit(aux is not None, main_code, problem.entry_point)
+    return _Static(levels, "", source, _bonus(entry), forfeit)
 
 
 @functools.lru_cache(maxsize=1)
@@ -219,15 +252,16 @@ def _dynamic(problem: CodeProblem, static: _Static, result: RunResult) -> CodeSc
     ] + notes
     total = len(outcomes)
     levels = dict(static.levels)
-    levels["tests"] = TESTS_WEIGHT * (passed / total if total else 0.0)
+    levels["tests"] = LEVEL_WEIGHTS["tests"] * passed / total
     if passed and not static.bonus_forfeit:
-        levels["calls_aux"] = CALLS_AUX_WEIGHT * static.calls_aux
-        levels["uses_aux_result"] = USES_AUX_RESULT_WEIGHT * static.uses_result
+        levels.update(static.bonus)
     reason = "; ".join(diagnostics[:3])
-    if static.bonus_forfeit:
+    if passed and static.bonus_forfeit:
         reason = f"{static.bonus_forfeit}; {reason}"
-    elif passed and not static.calls_aux:
+    elif passed and not static.bonus:
         reason = f"main does not call {HELPER_NAME}; {reason}"
+    elif passed and "not_wrapper" not in static.bonus:
+        reason = f"main only forwards {HELPER_NAME}'s result; {reason}"
     return CodeScore(levels, passed, total, tuple(diagnostics), reason.strip("; "))
 
 

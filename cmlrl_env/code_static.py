@@ -2,8 +2,9 @@
 
 ``extract_code`` takes a completion's code, ``split_single_program`` splits one agent's program
 into the helper (``aux``) and the rest, ``bound_names`` counts every way a piece of code binds a
-name, ``aux_usage`` says whether the main function calls ``aux`` and uses its result, and
-``test_plan`` cuts a problem's test module into the statements the checker runs.
+name, ``aux_usage`` says whether the main function calls ``aux`` and whether it discards a
+call's result, ``is_wrapper`` whether it only forwards ``aux``'s result, and ``test_plan`` cuts
+a problem's test module into the statements the checker runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ __all__ = [
     "bound_names",
     "count_tests",
     "extract_code",
+    "has_return",
+    "is_wrapper",
     "parse",
     "split_single_program",
     "test_plan",
@@ -27,6 +30,7 @@ __all__ = [
 ]
 
 HELPER_NAME = "aux"
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 _FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
 
@@ -43,7 +47,7 @@ def parse(code: str) -> ast.Module | None:
         return None
 
 
-def top_functions(tree: ast.Module | None) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+def top_functions(tree: ast.Module | None) -> dict[str, Function]:
     if tree is None:
         return {}
     return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -91,36 +95,78 @@ def bound_names(tree: ast.AST | None) -> Counter[str]:
     return counts
 
 
-def aux_usage(main: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[bool, bool]:
-    """(main calls aux, some call's result is used: not a bare expression statement)."""
-    calls = [
+def has_return(function: Function) -> bool:
+    """Whether the function holds a ``return`` statement (the paper's level 1 asks for one)."""
+    return any(isinstance(n, ast.Return) for n in ast.walk(function))
+
+
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    return [
         n
-        for n in ast.walk(main)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == HELPER_NAME
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
     ]
+
+
+def aux_usage(main: Function) -> tuple[bool, bool]:
+    """(main calls aux, some call of aux is a bare expression statement: its result discarded)."""
+    calls = _calls(main, HELPER_NAME)
     bare = {
         id(n.value)
         for n in ast.walk(main)
         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
     }
-    return bool(calls), any(id(c) not in bare for c in calls)
+    return bool(calls), any(id(c) in bare for c in calls)
+
+
+def is_wrapper(main: Function) -> bool:
+    """Whether main only forwards aux's result: its body, a docstring aside, is ``return E`` or
+    ``v = E`` then ``return v``, with ``E`` calling aux (the paper's ``is_wrapper_function``,
+    on statements rather than lines, so that one statement written over two lines is still
+    one, and the two forms judged alike)."""
+    body = list(main.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring (or any constant expression before the code)
+    if len(body) == 1 and isinstance(body[0], ast.Return):
+        return body[0].value is not None and bool(_calls(body[0].value, HELPER_NAME))
+    if len(body) != 2 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
+        return False
+    target, last = body[0].targets[0], body[1]
+    return (
+        isinstance(target, ast.Name)
+        and bool(_calls(body[0].value, HELPER_NAME))
+        and isinstance(last, ast.Return)
+        and isinstance(last.value, ast.Name)
+        and last.value.id == target.id
+    )
+
+
+def _is_test(statement: ast.stmt) -> bool:
+    """A statement of ``check`` is a test when it holds an ``assert`` and calls ``candidate``."""
+    nodes = list(ast.walk(statement))
+    return any(isinstance(n, ast.Assert) for n in nodes) and bool(_calls(statement, "candidate"))
 
 
 @functools.lru_cache(maxsize=512)
 def test_plan(test: str) -> tuple[tuple[str, ...], tuple[tuple[bool, str], ...]]:
     """(the test module's top-level statements but ``check``, the statements of ``check`` as
-    (holds an ``assert``: is a test, source)); empty when ``test`` defines no ``check``."""
+    (is a test, source)); empty when ``test`` defines no ``check``. A test is a statement that
+    holds an ``assert`` and calls ``candidate``: ``assert True, "..."`` is not one, a loop
+    whose body calls ``candidate`` and asserts is one, and a repeated test counts once (it
+    still runs), as in the paper's ``extract_test_cases``."""
     tree = parse(test)
     check = top_functions(tree).get("check")
     if tree is None or check is None:
         return (), ()
     setup = tuple(ast.unparse(n) for n in tree.body if n is not check)
-    statements = tuple(
-        (any(isinstance(n, ast.Assert) for n in ast.walk(s)), ast.unparse(s)) for s in check.body
-    )
-    return setup, statements
+    statements, tests = [], set()
+    for statement in check.body:
+        source = ast.unparse(statement)
+        statements.append((_is_test(statement) and source not in tests, source))
+        tests.add(source)
+    return setup, tuple(statements)
 
 
 def count_tests(test: str) -> int:
-    """Statements of ``check(candidate)`` that contain an ``assert``."""
+    """Statements of ``check(candidate)`` that hold an ``assert`` and call ``candidate``."""
     return sum(is_test for is_test, _ in test_plan(test)[1])

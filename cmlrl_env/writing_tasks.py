@@ -1,23 +1,10 @@
 """Writing collaboration (the MAGRPO paper's TLDR-style task) on real news or our own passages.
 
 Agent 0 writes a concise summary of a passage; agent 1 writes a longer expansion with a richer
-vocabulary. ``writing_reward`` scores the pair in gated levels (a gate that fails stops there):
-
-=====  ==============================================================  ======
-level  what                                                            reward
-=====  ==============================================================  ======
-1      summary 8–80 words and expansion 16–300 words (gate)              0.5
-2      length ratio r = chars(expansion) / chars(summary): 1 on          1.0 × s
-       [1.6, 3.2], rising linearly from 0 at 1.1, falling to 0 at 5.0
-       (gate: s > 0)
-3      unique-word ratio u = distinct words of the expansion over        0.5 × v
-       those of the summary: v = 1 at u >= 2.0, linear from 0 at 1.3
-4      transition-word style: categories of transition words used in     1.0 × t
-       the expansion (of ``TRANSITION_WORDS``), t = min(categories, 3)/3
-=====  ==============================================================  ======
-
-The maximum is ``WRITING_REWARD_MAX = 3.0``. Words are lower-cased runs of letters, digits
-and apostrophes.
+vocabulary. ``writing_reward`` (``cmlrl_env.writing_reward``) scores the pair as the MAGRPO
+paper's TLDR reward does (max ``WRITING_REWARD_MAX = 3.0``); the evaluation hooks report its
+levels and, beside them, how much of the passage the texts carry (``content_measures``), which
+the reward never sees.
 
 Passages: ``writing_news_splits`` reads real news (the Lee corpus of Australian Broadcasting
 Corporation news articles, 300 + 50, as shipped in the test data of the PyPI package ``gensim``
@@ -36,6 +23,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
+
+from cmlrl_env.writing_reward import (
+    TRANSITION_WORDS,
+    WRITING_LEVELS,
+    WRITING_REWARD_MAX,
+    content_row,
+    writing_levels,
+    writing_reward,
+)
 
 __all__ = [
     "NEWS_FILES",
@@ -57,10 +53,6 @@ __all__ = [
     "writing_splits",
 ]
 
-WRITING_REWARD_MAX = 3.0
-SUMMARY_WORDS = (8, 80)
-EXPANSION_WORDS = (16, 300)
-_WORD = re.compile(r"[a-z0-9']+")
 
 # Short passages written for this project (no licence attached beyond the project's).
 WRITING_PASSAGES = (
@@ -99,15 +91,6 @@ _SENTENCE_END = re.compile(
     r"(?:(?<=[.!?][\"'])|(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)(?<!\bNo\.)"
     r"(?<=[.!?]))\s+(?=[\"'A-Z0-9])"
 )
-
-TRANSITION_WORDS: dict[str, tuple[str, ...]] = {
-    "addition": ("moreover", "furthermore", "additionally", "also", "in addition"),
-    "contrast": ("however", "although", "nevertheless", "on the other hand", "whereas", "yet"),
-    "cause": ("because", "therefore", "consequently", "as a result", "thus", "since"),
-    "example": ("for example", "for instance", "such as", "in particular"),
-    "sequence": ("first", "then", "finally", "afterwards", "meanwhile", "next"),
-    "conclusion": ("in conclusion", "overall", "in short", "ultimately", "in summary"),
-}
 
 
 def writing_dataset() -> Dataset:
@@ -176,50 +159,6 @@ def expansion_formatter(item: Mapping[str, Any]) -> str:
     )
 
 
-def _words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
-
-
-def _ramp(x: float, zero: float, one: float) -> float:
-    """0 at ``zero``, 1 at ``one``, linear between, clipped (either direction)."""
-    return min(max((x - zero) / (one - zero), 0.0), 1.0)
-
-
-def _transition_categories(text: str) -> int:
-    padded = " " + " ".join(_words(text)) + " "
-    return sum(
-        any(f" {phrase} " in padded for phrase in phrases) for phrases in TRANSITION_WORDS.values()
-    )
-
-
-def writing_levels(summary: str, expansion: str) -> dict[str, float]:
-    """The levels of one (summary, expansion) pair; their sum is the reward."""
-    s_words, e_words = _words(summary), _words(expansion)
-    if not (
-        SUMMARY_WORDS[0] <= len(s_words) <= SUMMARY_WORDS[1]
-        and EXPANSION_WORDS[0] <= len(e_words) <= EXPANSION_WORDS[1]
-    ):
-        return {"length_bounds": 0.0}
-    levels = {"length_bounds": 0.5}
-    ratio = len(expansion.strip()) / max(len(summary.strip()), 1)
-    score = _ramp(ratio, 1.1, 1.6) if ratio < 1.6 else _ramp(ratio, 5.0, 3.2)
-    levels["length_ratio"] = 1.0 * score
-    if score <= 0.0:
-        return levels
-    unique = len(set(e_words)) / max(len(set(s_words)), 1)
-    levels["vocabulary"] = 0.5 * _ramp(unique, 1.3, 2.0)
-    levels["transitions"] = 1.0 * min(_transition_categories(expansion), 3) / 3
-    return levels
-
-
-def writing_reward(summaries: Sequence[str], expansions: Sequence[str]) -> list[float]:
-    """The gated writing reward (max ``WRITING_REWARD_MAX = 3.0``) of each pair."""
-    return [
-        float(sum(writing_levels(s, e).values()))
-        for s, e in zip(summaries, expansions, strict=True)
-    ]
-
-
 # -- one model writes both texts ----------------------------------------------------------------
 
 
@@ -255,8 +194,9 @@ def writing_eval_logger(
     batch_items: Sequence[Mapping[str, Any]],
     prompts: Sequence[Any] | None = None,
 ) -> list[dict[str, float]]:
-    """One row per evaluated item, per turn: ``turn_k/reward`` and one ``turn_k/level/<name>``
-    per level, from two agents (summary, expansion) or one (``split_single_text``)."""
+    """One row per evaluated item, per turn: ``turn_k/reward``, one ``turn_k/level/<name>`` per
+    level and one ``turn_k/content/<name>`` per content measure (against the item's ``prompt``,
+    the passage), from two agents (summary, expansion) or one (``split_single_text``)."""
     agents = len(agent_completions_turns)
     if agents not in (1, 2):
         raise ValueError(f"writing_eval_logger scores 1 or 2 agents, got {agents}.")
@@ -272,8 +212,9 @@ def writing_eval_logger(
             )
             levels = writing_levels(*pair)
             row[f"turn_{turn + 1}/reward"] = float(sum(levels.values()))
-            for name in ("length_bounds", "length_ratio", "vocabulary", "transitions"):
+            for name in WRITING_LEVELS:
                 row[f"turn_{turn + 1}/level/{name}"] = levels.get(name, 0.0)
+            row.update(content_row(pair, batch_items[i], f"turn_{turn + 1}"))
         rows.append(row)
     return rows
 

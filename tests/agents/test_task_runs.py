@@ -31,7 +31,7 @@ def test_check_passes_on_each_run_file(run_file, capsys) -> None:
     [
         ("humaneval.yaml", ["eval/turn_1/pass@1", "eval/turn_2/level/tests"]),
         ("humaneval_centralized.yaml", ["eval/turn_1/pass@1", "eval/parse_rate"]),
-        ("humaneval_single.yaml", ["eval/turn_1/pass@1", "eval/turn_1/level/calls_aux"]),
+        ("humaneval_single.yaml", ["eval/turn_1/pass@1", "eval/turn_1/level/uses_aux"]),
         ("writing.yaml", ["eval/turn_1/reward_mean"]),
     ],
 )

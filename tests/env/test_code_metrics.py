@@ -53,8 +53,10 @@ def test_eval_hooks_give_pass_at_1_pass_rate_and_levels_per_turn() -> None:
     metrics = code_eval_aggregator(rows, num_turns=2)
     assert metrics["turn_1/pass@1"] == 0.5
     assert metrics["turn_1/test_pass_rate"] == pytest.approx((1 + 4 / 7) / 2)
-    assert metrics["turn_1/reward"] == pytest.approx((4.0 + 1.5 + 1.5 * 4 / 7 + 1.0) / 2)
-    assert metrics["turn_1/level/tests"] == pytest.approx((1.5 + 1.5 * 4 / 7) / 2)
+    # Both mains only forward aux's result (no 1.0): 1.5 + 1.0 + 0.5, and 1.5 + 4 / 7 + 0.5.
+    assert metrics["turn_1/reward"] == pytest.approx((3.0 + 2.0 + 4 / 7) / 2)
+    assert metrics["turn_1/level/tests"] == pytest.approx((1 + 4 / 7) / 2)
+    assert metrics["turn_1/level/uses_aux"] == 0.5 and metrics["turn_1/level/not_wrapper"] == 0
     assert metrics["turn_2/pass@1"] == 1.0  # only item 0 played turn 2
 
 
@@ -76,7 +78,7 @@ def test_feedback_reports_failing_asserts_and_shows_both_codes() -> None:
 def test_feedback_reports_syntax_errors_and_missing_functions() -> None:
     broken_main = "def has_close_elements(numbers, threshold):\n    return aux(numbers\n"
     helper_prompt, _ = code_feedback(PROMPT0, [TRUE_AUX, broken_main], 2)
-    assert "- not defined (or not parsable): has_close_elements" in helper_prompt
+    assert "- the main code does not define has_close_elements (or does not parse)" in helper_prompt
     compile_error = "def has_close_elements(numbers, threshold):\n    return 1\nreturn 2\n"
     helper_prompt, _ = code_feedback(PROMPT0, [TRUE_AUX, compile_error], 2)
     assert "the combined program does not compile: 'return' outside function" in helper_prompt
@@ -97,7 +99,7 @@ def test_feedback_reports_a_timeout() -> None:
 
 def test_feedback_for_one_agent_and_for_prompts_without_tests() -> None:
     (prompt,) = code_feedback(PROMPT0, [GOOD_AUX + "\n\n" + CALLING_MAIN], 1)
-    assert "Score 4.00 of 4.0; tests passed: 7 of 7." in prompt
+    assert "Score 3.00 of 4.0; tests passed: 7 of 7." in prompt
     (prompt,) = code_feedback("Write a function.", ["def main(): pass"], 1)
     assert "No tests are known for this problem" in prompt
     with pytest.raises(ValueError, match="serves 1 or 2 agents"):

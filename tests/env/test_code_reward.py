@@ -36,13 +36,15 @@ CALLING_MAIN = (
 )
 
 
-def canonical_pair(task_id: str) -> tuple[str, str]:
-    """The canonical solution as ``aux`` and an entry point that calls it and returns its result."""
+def canonical_pair(task_id: str, *, builds: bool = False) -> tuple[str, str]:
+    """The canonical solution as ``aux``, and an entry point that returns its result: as a bare
+    wrapper, or (``builds``) with a check of its own on the result."""
     p = humaneval_problems()[task_id]
     entry = p["entry_point"]
     match = re.search(rf"^def {re.escape(entry)}\s*\(", p["prompt"], re.M)
     helper = "def aux(" + p["prompt"][match.end() :] + p["canonical_solution"]
-    main = f"def {entry}(*args):\n    result = aux(*args)\n    return result\n"
+    check = "    if result is None:\n        raise ValueError('no result')\n" if builds else ""
+    main = f"def {entry}(*args):\n    result = aux(*args)\n{check}    return result\n"
     return helper, main
 
 
@@ -76,11 +78,28 @@ def test_formatters_name_the_roles_and_keep_the_problem() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/32", "HumanEval/38", "HumanEval/2"])
-def test_a_canonical_solution_scores_the_maximum(task_id: str) -> None:
+def test_a_canonical_helper_scores_3_behind_a_wrapper_and_4_behind_a_main_that_builds_on_it(
+    task_id: str,
+) -> None:
     # 32 and 38 need the helpers the prompt defines (poly, encode_cyclic): the context is kept.
-    helper, main = canonical_pair(task_id)
     item = humaneval_dataset([task_id])[0]
-    assert humaneval_reward([helper], [main], batch_items=[item]) == [CODE_REWARD_MAX]
+    wrapper, builder = canonical_pair(task_id), canonical_pair(task_id, builds=True)
+    pairs = [wrapper, builder]
+    rewards = humaneval_reward([h for h, _ in pairs], [m for _, m in pairs], batch_items=[item])
+    # 0.4 + 0.6 + 0.5 + 1.0 (every test) + 0.5 (uses aux), and + 1.0 (not a wrapper)
+    assert rewards == [3.0, CODE_REWARD_MAX]
+
+
+IDENTITY_HELPER = "def aux(x):\n    return x\n"
+BUILDER = (
+    "def aux(a, b):\n    return abs(a - b)\n",
+    "def has_close_elements(numbers, threshold):\n"
+    "    for i, a in enumerate(numbers):\n"
+    "        for b in numbers[i + 1:]:\n"
+    "            if aux(a, b) < threshold:\n"
+    "                return True\n"
+    "    return False\n",
+)
 
 
 def test_levels_of_hand_written_answers() -> None:
@@ -89,30 +108,75 @@ def test_levels_of_hand_written_answers() -> None:
     own_main += humaneval_problems()["HumanEval/0"]["canonical_solution"]
     bare_call = own_main.replace(":\n", ":\n    aux(numbers, threshold)\n", 1)
     redefines = CALLING_MAIN + "\n\ndef aux(numbers, threshold):\n    return True\n"
+    no_return = "def aux(numbers, threshold):\n    numbers.sort()\n"
     answers = [
-        ("no code at all", "nothing"),  # neither function: 0
-        ("nothing", CALLING_MAIN),  # only the main: 0.6
+        ("no code at all", "nothing"),  # no entry point: 0
+        ("nothing", CALLING_MAIN),  # no aux (optional): 0.6 + 0.5, every test raises NameError
         (
             helper,
             "def has_close_elements(numbers, threshold):\n    return aux(numbers)\nreturn 3",
-        ),  # 1.0
-        (AUX_TRUE, CALLING_MAIN),  # always True: asserts 1, 3, 5, 6 of 7 pass
-        (helper, own_main),  # correct but never calls aux
-        (helper, bare_call),  # calls aux, ignores its result
-        (helper, redefines),  # its own aux (always True) replaces the helper's
+        ),  # 0.4 + 0.6, then the joined code does not compile
+        (AUX_TRUE, CALLING_MAIN),  # always True: asserts 1, 3, 5, 6 of 7 pass; a wrapper
+        (helper, own_main),  # correct but never calls aux: no bonus
+        (helper, bare_call),  # calls aux, drops its result: + 0.5 + 1.0 - 0.5
+        (helper, redefines),  # its own aux (always True) replaces the helper's: no bonus
+        (IDENTITY_HELPER, "def has_close_elements(numbers, threshold):\n    return aux(numbers)"),
+        BUILDER,  # main builds on a helper that does part of the work: the maximum
+        (no_return, bare_call),  # aux without a return: no 0.4, the bonus still (aux defined)
     ]
     scores = score_batch(P0, [h for h, _ in answers], [m for _, m in answers])
     rewards = [s.reward for s in scores]
-    expected = [0.0, 0.6, 1.0, 1.5 + 1.5 * 4 / 7 + 1.0, 3.0, 3.5, 1.5 + 1.5 * 4 / 7]
+    partial = 1.5 + 4 / 7
+    expected = [0.0, 1.1, 1.0, partial + 0.5, 2.5, 3.5, partial, 1.5, 4.0, 3.1]
     assert rewards == pytest.approx(expected)
-    assert [s.tests_passed for s in scores] == [0, 0, 0, 4, 7, 7, 4]
-    assert scores[0].reason == "not defined (or not parsable): aux, has_close_elements"
+    assert [s.tests_passed for s in scores] == [0, 0, 0, 4, 7, 7, 4, 0, 7, 7]
+    assert scores[0].reason == (
+        "the main code does not define has_close_elements (or does not parse)"
+    )
     assert "does not compile" in scores[2].reason
+    assert scores[3].reason.startswith("main only forwards aux's result")
     assert scores[3].diagnostics[0] == (
         "assert failed: assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False"
     )
     assert scores[4].reason.startswith("main does not call aux")
+    assert scores[5].levels["discarded_aux_result"] == -0.5
     assert scores[6].reason.startswith("main redefines aux")
+    assert scores[8].levels == {
+        "aux_defined": 0.4,
+        "main_defined": 0.6,
+        "compiles": 0.5,
+        "tests": 1.0,
+        "uses_aux": 0.5,
+        "not_wrapper": 1.0,
+    }
+
+
+def test_a_main_without_a_return_stops_the_reward() -> None:
+    main = "def has_close_elements(numbers, threshold):\n    print(aux(numbers, threshold))\n"
+    score = score_batch(P0, [AUX_TRUE], [main])[0]
+    assert score.levels == {"aux_defined": 0.4}
+    assert score.reason == "the main code has no return in has_close_elements (or does not parse)"
+
+
+def test_tests_are_the_asserts_that_call_the_candidate_each_counted_once() -> None:
+    # HumanEval/84: 7 asserts, 2 of them `assert True, "..."`; HumanEval/31 repeats one test.
+    problems = humaneval_problems()
+    assert count_tests(problems["HumanEval/84"]["test"]) == 5
+    assert count_tests(problems["HumanEval/31"]["test"]) == 12  # 13 asserts, candidate(11) twice
+    # HumanEval/32 asserts inside a loop after calling candidate: the loop is one test.
+    assert count_tests(problems["HumanEval/32"]["test"]) == 1
+
+
+def test_after_three_timeouts_the_remaining_tests_are_not_run() -> None:
+    slow = (
+        "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n    return 0"
+    )
+    limits = SandboxLimits(wall_time_s=20.0, cpu_time_s=20, memory_mb=256)
+    score = score_batch(P0, [AUX_TRUE], [slow], limits, test_timeout_s=0.3)[0]
+    assert score.tests_passed == 0 and score.tests_total == 7
+    assert [d.split(":")[0] for d in score.diagnostics[:3]] == ["timeout"] * 3
+    assert not any(d.startswith("timeout") for d in score.diagnostics[3:])
+    assert score.reward == pytest.approx(1.5)
 
 
 def test_code_is_taken_from_a_fenced_block() -> None:
@@ -130,7 +194,8 @@ def test_one_agents_program_is_split_and_scored_with_the_same_levels() -> None:
     assert aux.startswith("def aux(") and "def truncate_number" in rest and "def aux" not in rest
     item = humaneval_dataset(["HumanEval/2"])[0]
     fenced = f"```python\n{program}\n```"
-    assert humaneval_single_reward([fenced, main], batch_items=[item]) == [CODE_REWARD_MAX, 0.6]
+    # Behind a wrapper main, 3.0; the main alone defines no aux: 0.6 + 0.5, every test fails.
+    assert humaneval_single_reward([fenced, main], batch_items=[item]) == [3.0, 1.1]
 
 
 ATTACKS = {
@@ -147,7 +212,9 @@ ATTACKS = {
 
 def test_hostile_code_ends_as_a_low_reward_with_a_logged_reason(caplog) -> None:
     mains = [
-        "def has_close_elements(numbers, threshold):\n    aux(numbers, threshold)\n" + body
+        "def has_close_elements(numbers, threshold):\n    aux(numbers, threshold)\n"
+        + body
+        + "\n    return True"  # a return, so that the program runs (level 1)
         for body in ATTACKS.values()
     ]
     limits = SandboxLimits(wall_time_s=3.0, cpu_time_s=2, memory_mb=256, file_size_mb=1.0)

@@ -3,7 +3,7 @@
 Every trick of ``cheats.TRICKS`` goes through the public reward on each path that grades code
 (two agents, one model, the multi-turn feedback, the evaluation logger) and must score no more
 than the honest answer it stands beside: a wrong answer that calls ``aux`` (1.5), a correct one
-that ignores the helper (3.0), or one that answers 0.5 to every call. Before the tests moved out
+that ignores the helper (2.5), or one that answers 0.5 to every call. Before the tests moved out
 of the program's process, most of them scored 3.5 to 27.5.
 """
 
@@ -30,8 +30,9 @@ ITEMS = {t: humaneval_dataset([t])[0] for t in ("HumanEval/2", "HumanEval/32")}
 HONEST_REWARDS = {
     ("wrong", "HumanEval/2"): 1.5,  # the static levels: no test passes, no bonus
     ("wrong", "HumanEval/32"): 1.5,
-    ("no_aux", "HumanEval/2"): 3.0,  # every test passes, no cooperation bonus
-    ("constant", "HumanEval/2"): 1.5 + 1.5 / 3 + 1.0,  # 0.5 passes 1 of 3 tests
+    ("no_aux", "HumanEval/2"): 2.5,  # every test passes, no cooperation bonus
+    # 0.5 passes 1 of 3 tests; main calls aux, keeps its result and is not a bare wrapper
+    ("constant", "HumanEval/2"): 1.5 + 1 / 3 + 0.5 + 1.0,
 }
 
 

@@ -72,14 +72,17 @@ def test_one_agent_writing_both_texts_is_split_at_its_first_blank_line() -> None
     summary = "one two three four five six seven eights"
     expansion = (
         "however alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima "
-        "because mike then"
-    )
+        "because mike then one"
+    )  # 2 + 2 transition categories: 0.4 * 0.55; "one" shared (J = 1 / 24): the full 0.6
     assert writing_tasks.split_single_text(f"  {summary}\n\n{expansion}\n\nmore ") == (
         summary,
         f"{expansion}\n\nmore",
     )
     assert writing_tasks.split_single_text(summary) == (summary, "")
-    assert writing_tasks.writing_single_reward([f"{summary}\n\n{expansion}", summary]) == [3.0, 0.0]
+    assert writing_tasks.writing_single_reward([f"{summary}\n\n{expansion}", summary]) == [
+        pytest.approx(2.82),
+        0.0,
+    ]
     assert summary in writing_tasks.single_writing_formatter({"prompt": summary})
 
 
@@ -87,25 +90,33 @@ def test_the_writing_eval_hooks_give_each_items_reward_and_levels() -> None:
     summary = "one two three four five six seven eights"
     expansion = (
         "however alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima "
-        "because mike then"
-    )
+        "because mike then one"
+    )  # 2 + 2 transition categories: 0.4 * 0.55; "one" shared (J = 1 / 24): the full 0.6
     rows = writing_tasks.writing_eval_logger(
         agent_completions_turns=[[[summary], ["short"]], [[expansion], ["x"]]],
-        batch_items=[{"prompt": "a"}, {"prompt": "b"}],
+        batch_items=[{"prompt": "one two three alpha bravo"}, {"prompt": "b"}],
     )
-    assert rows[0]["turn_1/reward"] == 3.0 and rows[0]["turn_1/level/transitions"] == 1.0
+    assert rows[0]["turn_1/reward"] == pytest.approx(2.82)
+    assert rows[0]["turn_1/level/transitions"] == pytest.approx(0.22)
+    assert rows[0]["turn_1/content/summary_in_passage"] == 3 / 8
+    assert rows[0]["turn_1/content/expansion_longest_copy"] == 2.0  # "alpha bravo"
     assert rows[1] == {
         "turn_1/reward": 0.0,
         "turn_1/level/length_bounds": 0.0,
         "turn_1/level/length_ratio": 0.0,
         "turn_1/level/vocabulary": 0.0,
         "turn_1/level/transitions": 0.0,
+        "turn_1/level/overlap": 0.0,
+        "turn_1/content/summary_in_passage": 0.0,
+        "turn_1/content/summary_longest_copy": 0.0,
+        "turn_1/content/expansion_in_passage": 0.0,
+        "turn_1/content/expansion_longest_copy": 0.0,
     }
     single = writing_tasks.writing_eval_logger(
         agent_completions_turns=[[[f"{summary}\n\n{expansion}"]]], batch_items=[{"prompt": "a"}]
     )
-    assert single[0]["turn_1/reward"] == 3.0
+    assert single[0]["turn_1/reward"] == pytest.approx(2.82)
     means = writing_tasks.writing_eval_aggregator(rows, num_turns=1)
-    assert means["turn_1/reward"] == 1.5
+    assert means["turn_1/reward"] == pytest.approx(1.41)
     with pytest.raises(ValueError, match="1 or 2 agents, got 3"):
         writing_tasks.writing_eval_logger(agent_completions_turns=[[], [], []], batch_items=[])
