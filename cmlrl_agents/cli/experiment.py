@@ -33,7 +33,7 @@ TOP_KEYS = ("model", "seeds", "output_dir", "compute", "eval", "config", "tasks"
 COMPUTE_KEYS = ("train_items", "epochs", "items_per_round", "num_generations", "max_new_tokens")
 EVAL_KEYS = ("max_items", "samples_per_item", "every_rounds", "pass_k", "batch_size")
 TASK_KEYS = (
-    *("kind", "dataset", "dataset_kwargs", "num_turns", "methods", "baseline"),
+    *("kind", "dataset", "dataset_kwargs", "num_turns", "methods", "baseline", "seeds"),
     *("compute", "eval", "config"),
 )
 METHODS = ("team", "single", "centralized")
@@ -48,8 +48,8 @@ class ExperimentPlan:
     seeds: list[int]
     output_dir: Path
     tasks: dict[str, dict[str, Any]]
-    """Per task: kind, dataset, num_turns, methods, baseline and its merged compute, eval and
-    config sections."""
+    """Per task: kind, dataset, num_turns, methods, seeds (its own or the top-level ones),
+    baseline and its merged compute, eval and config sections."""
     source: str
 
 
@@ -128,6 +128,9 @@ def _task(name: str, section: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
             f"tasks.{name}.num_turns={turns!r}: an int >= 1; more than one turn is the code "
             "task's team only (methods: [team]), whose feedback is code_feedback."
         )
+    seeds = section.get("seeds", spec["seeds"])
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s, 0) for s in seeds):
+        raise CLIError(f"tasks.{name}.seeds must be a non-empty list of ints >= 0, got {seeds!r}.")
     compute = _merged(spec, section, "compute")
     check_keys(compute, COMPUTE_KEYS, f"compute key of {name}")
     for key in COMPUTE_KEYS:
@@ -147,6 +150,7 @@ def _task(name: str, section: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
         "dataset_kwargs": section.get("dataset_kwargs"),
         "num_turns": turns,
         "methods": methods,
+        "seeds": seeds,
         "baseline": section.get("baseline"),
         "compute": compute,
         "eval": evaluation,
@@ -179,14 +183,21 @@ def _checked_eval(name: str, evaluation: dict[str, Any], compute: Mapping[str, A
 # -- the command ------------------------------------------------------------------------------
 
 
-def run_experiment(plan: ExperimentPlan, *, out: Any = None) -> dict[str, Path]:
-    """Run every unfinished (task, method, seed), then write the table and the plot; returns
-    their paths."""
+def run_experiment(
+    plan: ExperimentPlan, *, out: Any = None, only: list[str] | tuple[str, ...] = ()
+) -> dict[str, Path]:
+    """Run every unfinished (task, method, seed), or those whose name
+    (``task/method/seed-S``) starts with one of ``only``, then write the table and the plot
+    from every finished run of the plan; returns their paths."""
     from cmlrl_agents.cli.experiment_report import write_report
     from cmlrl_agents.cli.experiment_runs import Progress, run_files, run_one
 
     out = sys.stdout if out is None else out
-    runs = run_files(plan)
+    every = run_files(plan)
+    runs = [r for r in every if not only or any(r.name.startswith(o) for o in only)]
+    if not runs:
+        names = ", ".join(r.name for r in every[:4])
+        raise CLIError(f"--only {list(only)} selects no run of {plan.source}; names: {names}, ...")
     progress = Progress(runs, out)
     start = time.perf_counter()
     for run in runs:
@@ -196,7 +207,7 @@ def run_experiment(plan: ExperimentPlan, *, out: Any = None) -> dict[str, Path]:
             continue
         progress.done(run, run_one(run, progress))
     progress.close()
-    paths = write_report(plan, runs)
+    paths = write_report(plan, every)
     print(f"{len(runs)} runs in {time.perf_counter() - start:.0f} s", file=out)
     for path in paths.values():
         print(path, file=out)
@@ -213,7 +224,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             raise
         raise CLIError(str(exc)) from exc
     try:
-        run_experiment(plan)
+        run_experiment(plan, only=args.only)
     except KeyboardInterrupt:
         print(f"\ninterrupted; finished runs stay in {plan.output_dir}", file=sys.stderr)
         return 130
@@ -234,4 +245,12 @@ def add_experiment_command(commands: Any) -> None:
         help="override a value of the file, e.g. compute.epochs=2 or seeds=[0]",
     )
     parser.add_argument("--output-dir", help="default: the file's output_dir")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TASK[/METHOD[/seed-S]]",
+        help="run only the runs whose name starts with this (repeatable); the table and the "
+        "plot still cover every finished run",
+    )
     parser.set_defaults(handler=cmd_experiment)

@@ -118,8 +118,9 @@ def _std(values: list[float]) -> float:
 
 def summarize(samples: list[dict[str, Any]], num_turns: int, pass_k: int) -> dict[str, Any]:
     """One eval point from its samples (``item``, ``reward`` and, for code, ``passed`` per
-    turn, ``parsed`` for the centralized baseline): per-turn means, std and standard error,
-    pass@1 and pass@k, the parse rate; ``reward`` is the last turn's mean."""
+    turn, ``parsed`` for the centralized baseline, ``row``: the eval logger's values): per-turn
+    means, std and standard error, pass@1 and pass@k, the parse rate, the mean of each level
+    and content measure; ``reward`` is the last turn's mean."""
     out: dict[str, Any] = {"samples": len(samples)}
     for turn in range(1, num_turns + 1):
         key = f"turn_{turn}"
@@ -137,6 +138,12 @@ def summarize(samples: list[dict[str, Any]], num_turns: int, pass_k: int) -> dic
             n_c = [(len(v), int(sum(v))) for v in passes.values()]
             out[f"{key}/pass@1"] = sum(pass_at_k(n, c, 1) for n, c in n_c) / len(n_c)
             out[f"{key}/pass@{pass_k}"] = sum(pass_at_k(n, c, pass_k) for n, c in n_c) / len(n_c)
+    measures: dict[str, list[float]] = defaultdict(list)
+    for s in samples:  # the levels and the measures the reward does not train on
+        for name, value in s.get("row", {}).items():
+            if "/level/" in name or "/content/" in name:
+                measures[name].append(value)
+    out.update({name: sum(vs) / len(vs) for name, vs in measures.items()})
     last = f"turn_{num_turns}"
     out["reward"], out["reward_se"] = out[f"{last}/reward"], out[f"{last}/reward_se"]
     if any("parsed" in s for s in samples):
@@ -212,6 +219,8 @@ class EvalRecorder:
             sample["passed"] = {t: row[f"{t}/passed"] for t in turns}
         if self.centralized:
             sample["parsed"] = parsed
+        sample["row"] = {k: v for k, v in row.items() if isinstance(v, (int, float))}
+        sample["completions"] = [list(chain) for chain in chains]  # to read for reward hacking
         return sample
 
     def aggregator(self, rows: Sequence[Mapping[str, float]], *, num_turns: int) -> Any:
@@ -232,10 +241,13 @@ class EvalRecorder:
             eval_s=wall,
             eval_cpu_s=cpu,
         )
-        self.counter.eval_started, self.pending = None, []
+        self.counter.eval_started = None
         self.points.append(point)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(point) + "\n")
+        with self.path.with_name("eval-samples.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"rounds": rounds, "samples": self.pending}) + "\n")
+        self.pending = []
 
     def result(self, run: Any, train: tuple[float, float], wall: float) -> dict[str, Any]:
         """The run's ``result.json``: its points, compute and timings (``train``: the wall

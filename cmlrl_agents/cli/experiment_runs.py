@@ -17,8 +17,10 @@ Only the trainers' public surface is used: the ``cmlrl`` run file (``plan``, ``b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,11 +68,62 @@ class Run:
     def result_path(self) -> Path:
         return self.folder / "result.json"
 
+    @property
+    def settings_record(self) -> dict[str, Any]:
+        """What a run computes: its run file and the evaluation protocol around it."""
+        return {"run": self.spec, "eval": self.settings.get("eval", {})}
+
+    @property
+    def key(self) -> str:
+        """The sha256 of ``settings_record``: a finished run is reused only under this key."""
+        text = json.dumps(self.settings_record, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
     def finished(self) -> bool:
-        return self.result_path.is_file()
+        """Whether the run finished before with these settings; refuses (``CLIError``, naming
+        the first field that differs) a finished run whose settings differ."""
+        if not self.result_path.is_file():
+            return False
+        stored = self.result()
+        if stored.get("key") == self.key:
+            return True
+        field = _first_difference(stored.get("settings", {}), self.settings_record)
+        raise CLIError(
+            f"{self.name} finished before with other settings ({field}); its results in "
+            f"{self.folder} were not made by this experiment. Give another output_dir, or "
+            "delete that folder to run it again."
+        )
 
     def result(self) -> dict[str, Any]:
         return json.loads(self.result_path.read_text(encoding="utf-8"))
+
+
+def _first_difference(old: Any, new: Any, path: str = "") -> str:
+    """The first dotted field where two settings records differ, with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            if old.get(key, "<unset>") != new.get(key, "<unset>"):
+                where = f"{path}.{key}" if path else str(key)
+                return _first_difference(old.get(key, "<unset>"), new.get(key, "<unset>"), where)
+        return "no field"
+    return f"{path or 'settings'}: {old!r} then, {new!r} now"
+
+
+def provenance() -> dict[str, Any]:
+    """The library's commit (``None`` outside a git checkout) and whether its files differed."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            command = ["git", "-C", str(root), *args]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    changed = git("status", "--porcelain", "--", "cmlrl_env", "cmlrl_agents")
+    return {"commit": commit, "uncommitted_changes": bool(changed) if commit else None}
 
 
 def _task_section(task: dict[str, Any], method: str) -> dict[str, Any]:
@@ -130,7 +183,7 @@ def run_files(plan: Any) -> list[Run]:
             raise CLIError(f"task {name}: compute.num_generations must be >= 2 (a group).")
         rounds = compute["epochs"] * compute["train_items"] // compute["items_per_round"]
         for method in task["methods"]:
-            for seed in plan.seeds:
+            for seed in task["seeds"]:
                 folder = plan.output_dir / name / method / f"seed-{seed}"
                 spec = {
                     "algorithm": "magrpo_centralized" if method == "centralized" else "magrpo",
@@ -150,6 +203,7 @@ def run_one(
     (``final_eval=False``) or training itself (``train=False``: the untrained evaluation)."""
     from cmlrl_agents.cli.plan import build_trainer, plan
 
+    library = provenance()  # at the start: the code the run ran on
     if run.folder.exists():
         shutil.rmtree(run.folder)
     run.folder.mkdir(parents=True)
@@ -187,6 +241,7 @@ def run_one(
     finally:
         trainer.close()
     result = recorder.result(run, timing, time.perf_counter() - start)
+    result.update(key=run.key, settings=run.settings_record, library=library)
     tmp = run.result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
     tmp.replace(run.result_path)  # written whole or not at all: a finished run is one with it

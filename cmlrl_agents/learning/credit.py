@@ -16,6 +16,7 @@ from torch import Tensor
 from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.functional.returns import cross_credit, gae, held_rewards, tree_returns
 from cmlrl_agents.learning.batch import PolicyRow
+from cmlrl_agents.policies.agent import Completion
 from cmlrl_agents.runs.metrics import turn_key
 from cmlrl_agents.runs.rollout import RolloutTree
 
@@ -149,18 +150,17 @@ def round_metrics(tree: RolloutTree, joint: list[Tensor]) -> dict[str, float]:
     """A round's ``turn_k/reward_mean`` and ``turn_k/expected_return`` (every joint action of
     turn k, ``joint`` from :func:`joint_returns`), and what its completions look like:
     ``completions/length_{mean,min,max}`` (tokens) and ``completions/clipped_fraction`` (cut at
-    ``max_new_tokens`` before EOS), over every agent's completions."""
+    ``max_new_tokens`` before EOS), over every agent's completions, and with several agents
+    ``agent_i/completions/length_mean`` and ``agent_i/completions/clipped_fraction`` for each."""
     metrics = {}
     for level, returns in zip(tree.levels, joint, strict=True):
         metrics[turn_key(level.turn, "reward_mean")] = float(level.rewards.mean())
         metrics[turn_key(level.turn, "expected_return")] = float(returns.mean())
-    completions = [
-        c
-        for level in tree.levels
-        for agent_rows in level.completions
-        for samples in agent_rows
-        for c in samples
-    ]
+    by_agent: dict[int, list[Completion]] = {}
+    for level in tree.levels:
+        for agent, agent_rows in enumerate(level.completions):
+            by_agent.setdefault(agent, []).extend(c for samples in agent_rows for c in samples)
+    completions = [c for agent_completions in by_agent.values() for c in agent_completions]
     if completions:
         lengths = [len(c.completion_ids) for c in completions]
         metrics["completions/length_mean"] = sum(lengths) / len(lengths)
@@ -168,6 +168,13 @@ def round_metrics(tree: RolloutTree, joint: list[Tensor]) -> dict[str, float]:
         metrics["completions/length_max"] = float(max(lengths))
         cut = sum(not c.finished for c in completions)
         metrics["completions/clipped_fraction"] = cut / len(completions)
+    if len(by_agent) > 1:  # per agent too, so that a collapse shows which role moved
+        for agent, own in by_agent.items():
+            own_lengths = [len(c.completion_ids) for c in own]
+            metrics[f"agent_{agent}/completions/length_mean"] = sum(own_lengths) / len(own)
+            metrics[f"agent_{agent}/completions/clipped_fraction"] = sum(
+                not c.finished for c in own
+            ) / len(own)
     groups = [r for level, r in zip(tree.levels, joint, strict=True) if len(level.joints) > 1]
     if groups:
         # A group whose joint actions all got one return gives every sibling advantage 0: no

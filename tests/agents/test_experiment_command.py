@@ -22,7 +22,8 @@ TINY = (
     *("compute.num_generations=2", "compute.max_new_tokens=8", "eval.max_items=2"),
     *("eval.samples_per_item=2", "eval.pass_k=2", "eval.every_rounds=1"),
     *("tasks.writing.compute.max_new_tokens=8", "tasks.writing.compute.train_items=2"),
-    *("tasks.writing.eval.max_items=2", "tasks.code_2turn.compute.train_items=2"),
+    *("tasks.writing.eval.max_items=2", "tasks.writing.seeds=[0,1]"),
+    *("tasks.code_2turn.compute.train_items=2",),
     *("tasks.code_2turn.eval.samples_per_item=2", "tasks.code_2turn.eval.pass_k=2"),
 )
 
@@ -88,12 +89,21 @@ def test_an_interrupted_run_starts_again_and_finished_runs_are_kept(tmp_path, ca
     assert "code/single/seed-0: eval reward" in printed
     assert (done / "result.json").read_text() == kept
     assert (half / "result.json").is_file() and not (half / "leftover.txt").exists()
+    # A finished run is reused only under the same settings: another rate is refused by name.
+    result = json.loads((done / "result.json").read_text())
+    assert len(result["key"]) == 64 and set(result["library"]) == {"commit", "uncommitted_changes"}
+    other = (*only_code, "config.agent_learning_rate=3e-5")
+    assert main(tiny_argv(out, *other)) == 2
+    assert (
+        "code/team/seed-0 finished before with other settings "
+        "(run.config.agent_learning_rate: 2e-05 then, 3e-05 now)"
+    ) in capsys.readouterr().err
 
 
 def test_equal_compute_is_derived_from_one_section() -> None:
     plan = load_experiment(PAPER)
     runs = {(r.task, r.method, r.seed): r.spec for r in run_files(plan)}
-    assert len(runs) == 7 * 3
+    assert len(runs) == 7 * 3 + 3  # writing has a fourth seed
     team, single, central = (runs["code", m, 0] for m in METHODS)
     assert team["config"]["max_new_tokens"] == 96 and team["config"]["num_agents"] == 2
     assert single["config"]["max_new_tokens"] == central["config"]["max_new_tokens"] == 192
