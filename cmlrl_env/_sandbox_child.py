@@ -223,8 +223,8 @@ def _read_start(path: str, chars: int) -> str:
 
 def run(config: "dict[str, Any]") -> None:
     try:
-        if config["cgroup"]:  # before the mounts turn read-only; init and program inherit it
-            with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as f:
+        for cgroup in config["cgroups"]:  # before the mounts turn read-only; children inherit
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                 f.write("0\n")
         checker = _load_checker(config["checker"])
         enter_namespaces(config["flags"], config["user_ids"])

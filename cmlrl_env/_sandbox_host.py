@@ -43,7 +43,9 @@ class Isolation:
     proc: str
     """A /proc that shows only the run's own processes."""
     memory: str
-    """A cgroup v2 ``memory.max`` for the whole run (else the limit holds per process)."""
+    """A memory bound for the whole run: a cgroup v2 ``memory.max`` or, where v2 has no memory
+    controller to hand out, a cgroup v1 ``memory.limit_in_bytes`` (else the limit holds per
+    process)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,80 +67,143 @@ def isolation() -> Isolation:
     return Isolation(memory=cgroup_parent()[1], **found)
 
 
-def _cgroup2_mount() -> str | None:
+def _mounts(fstype: str) -> list[tuple[str, set[str]]]:
+    """(mount point, super options) of every mount of ``fstype``."""
+    found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            if fields[fields.index("-") + 1] == "cgroup2":
-                return fields[4]
-    return None
+            dash = fields.index("-")
+            if fields[dash + 1] == fstype:
+                found.append((fields[4], set(fields[dash + 3].split(","))))
+    return found
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup per hierarchy: ``""`` for v2, the controller names for v1."""
+    own = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                own[name] = path
+    return own
+
+
+def _writable(folder: str) -> bool:
+    return os.path.isdir(folder) and os.access(folder, os.W_OK)
+
+
+@dataclass(frozen=True)
+class CgroupParents:
+    """Where runs get cgroups of their own: the v2 folder, or v1's memory (and pids) folders."""
+
+    version: int
+    memory: str
+    pids: str | None = None
 
 
 @functools.lru_cache(maxsize=1)
-def cgroup_parent() -> tuple[str | None, str]:
-    """(the cgroup v2 folder where runs get cgroups of their own, ``"ok"``), or (None, why not).
+def cgroup_parent() -> tuple[CgroupParents | None, str]:
+    """(where runs get cgroups of their own, ``"ok"``), or (None, why not).
 
-    That is this process's cgroup or its parent, whichever first hands the memory controller to
-    its children and is writable: a cgroup that holds processes cannot hand out controllers
-    (except the root), so runs usually go beside the trainer's own cgroup."""
+    cgroup v2 first: this process's cgroup or its parent, whichever first hands the memory
+    controller to its children and is writable (a cgroup that holds processes cannot hand out
+    controllers, except the root, so runs usually go beside the trainer's own cgroup). Else
+    cgroup v1: this process's memory cgroup (and pids cgroup) where it may create children."""
     if os.geteuid() != 0:
         return None, "cgroups are set up only as root"
     try:
-        mount = _cgroup2_mount()
-        with open("/proc/self/cgroup") as f:
-            own = next((line[3:].strip() for line in f if line.startswith("0::")), None)
-    except (OSError, ValueError, IndexError) as exc:
-        return None, f"cgroup v2 not readable: {exc}"
-    if mount is None or own is None:
-        return None, "no cgroup v2 hierarchy is mounted"
-    folders = dict.fromkeys(os.path.join(mount, p.lstrip("/")) for p in (own, os.path.dirname(own)))
-    for folder in folders:
-        try:
-            controllers = Path(folder, "cgroup.subtree_control").read_text().split()
-        except OSError:
-            continue
-        if "memory" in controllers and os.access(folder, os.W_OK):
-            return folder, "ok"
-    return None, f"no memory controller handed to child cgroups of {' or '.join(folders)}"
+        own, v2, v1 = _own_cgroups(), _mounts("cgroup2"), _mounts("cgroup")
+    except (OSError, ValueError) as exc:
+        return None, f"cgroups not readable: {exc}"
+    why = []
+    if v2 and "" in own:
+        folders = dict.fromkeys(
+            os.path.join(v2[0][0], p.lstrip("/")) for p in (own[""], os.path.dirname(own[""]))
+        )
+        for folder in folders:
+            try:
+                controllers = Path(folder, "cgroup.subtree_control").read_text().split()
+            except OSError:
+                continue
+            if "memory" in controllers and _writable(folder):
+                return CgroupParents(2, folder), "ok"
+        why.append(f"cgroup v2 hands no memory controller to children of {' or '.join(folders)}")
+    v1_folders = {
+        name: os.path.join(mount, own[name].lstrip("/"))
+        for name in ("memory", "pids")
+        for mount, options in v1
+        if name in options and name in own
+    }
+    if _writable(v1_folders.get("memory", "")):
+        pids = v1_folders.get("pids")
+        return CgroupParents(1, v1_folders["memory"], pids if _writable(pids or "") else None), "ok"
+    why.append("no writable cgroup v1 memory hierarchy")
+    return None, "; ".join(why)
 
 
 _CGROUP_IDS = itertools.count()
 
 
-def make_cgroup(memory_bytes: int, max_processes: int) -> str | None:
-    """A fresh cgroup holding the run to ``memory_bytes`` (no swap), or None where none can be."""
-    parent = cgroup_parent()[0]
-    if parent is None:
+def _limits(
+    parents: CgroupParents, memory_bytes: int, max_processes: int
+) -> dict[str, list[tuple[str, int]]]:
+    """The files to write in each new cgroup, by parent folder, in order."""
+    pids = ("pids.max", max_processes + 2)  # the launcher and init count too
+    if parents.version == 2:
+        return {parents.memory: [("memory.max", memory_bytes), ("memory.swap.max", 0), pids]}
+    # v1: memory + swap may not exceed memory alone (no swap); memsw only where swap accounting
+    # exists, and after limit_in_bytes (it must never be below it).
+    memory = [
+        ("memory.limit_in_bytes", memory_bytes),
+        ("memory.memsw.limit_in_bytes", memory_bytes),
+    ]
+    return {parents.memory: memory, **({parents.pids: [pids]} if parents.pids else {})}
+
+
+def make_cgroup(memory_bytes: int, max_processes: int) -> list[str] | None:
+    """Fresh cgroups (one per hierarchy) holding the run to ``memory_bytes`` (no swap), or None
+    where none can be; the run's launcher joins each."""
+    parents = cgroup_parent()[0]
+    if parents is None:
         return None
-    path = os.path.join(parent, f"cmlrl-sandbox-{os.getpid()}-{next(_CGROUP_IDS)}")
+    name = f"cmlrl-sandbox-{os.getpid()}-{next(_CGROUP_IDS)}"
+    made: list[str] = []
     try:
-        os.mkdir(path)
-        for name, value in (
-            ("memory.max", memory_bytes),
-            ("memory.swap.max", 0),
-            ("pids.max", max_processes + 2),  # the launcher and init count too
-        ):
-            if os.path.exists(os.path.join(path, name)):
-                Path(path, name).write_text(f"{value}\n")
+        for parent, files in _limits(parents, memory_bytes, max_processes).items():
+            path = os.path.join(parent, name)
+            os.mkdir(path)
+            made.append(path)
+            for file, value in files:
+                if os.path.exists(os.path.join(path, file)):
+                    Path(path, file).write_text(f"{value}\n")
     except OSError as exc:
         LOG.warning("the run gets no cgroup of its own (%s): its memory limit is per process", exc)
-        if os.path.isdir(path):
-            remove_cgroup(path)
+        remove_cgroup(made)
         return None
-    return path
+    return made
 
 
-def remove_cgroup(path: str) -> bool:
-    """Remove a run's cgroup; True when its memory limit ended a process of the run."""
-    try:
-        events = Path(path, "memory.events").read_text().split()
-        killed = int(events[events.index("oom_kill") + 1]) > 0
-    except (OSError, ValueError):
-        killed = False
-    try:
-        os.rmdir(path)
-    except OSError as exc:
-        LOG.warning("could not remove the sandbox's cgroup %s: %s", path, exc)
+def _oom_kills(path: str) -> int:
+    """Processes the cgroup's memory limit ended (v2 ``memory.events``, v1 ``oom_control``)."""
+    for file in ("memory.events", "memory.oom_control"):
+        try:
+            words = Path(path, file).read_text().split()
+            return int(words[words.index("oom_kill") + 1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
+
+
+def remove_cgroup(paths: list[str]) -> bool:
+    """Remove a run's cgroups; True when its memory limit ended a process of the run."""
+    killed = any(_oom_kills(path) > 0 for path in paths)
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            LOG.warning("could not remove the sandbox's cgroup %s: %s", path, exc)
     return killed
 
 

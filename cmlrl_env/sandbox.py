@@ -16,8 +16,9 @@ and a wall-clock limit. A launcher process sets it up and stays outside it (see
   objects and files in those folders are found by its user id and removed after it.
 - ``read_only``: every other mount is read-only for the run.
 - ``proc``: its /proc shows only its own processes.
-- ``memory``: a cgroup v2 ``memory.max`` of ``memory_mb`` for the run as a whole, where this
-  process may create cgroups; elsewhere ``memory_mb`` holds per process, so a run holds at most
+- ``memory``: a bound of ``memory_mb`` for the run as a whole, where this process may create
+  cgroups: cgroup v2 ``memory.max``, or cgroup v1 ``memory.limit_in_bytes`` where v2 hands out
+  no memory controller; elsewhere ``memory_mb`` holds per process, so a run holds at most
   ``memory_mb × max_processes`` (plus ``tmp_size_mb``).
 
 Started as root, each concurrent run also gets a user id of its own (from ``uid_base``): it
@@ -82,7 +83,7 @@ class SandboxLimits:
     """CPU seconds (RLIMIT_CPU): SIGXCPU, then SIGKILL one second later."""
     memory_mb: int = 1024
     """Address space per process (RLIMIT_AS; beyond it, MemoryError in the program), and the
-    memory of the whole run where cgroup v2 allows (``isolation().memory``)."""
+    memory of the whole run where cgroups allow (``isolation().memory``)."""
     file_size_mb: float = 1.0
     """Largest file the program may write, stdout and stderr included (RLIMIT_FSIZE, SIGXFSZ)."""
     max_processes: int = 8
@@ -229,20 +230,21 @@ def run_program(
     uid = host.USER_IDS.take(limits.uid_base) if os.geteuid() == 0 else None
     python = host.interpreter(limits.python, uid is not None)
     folders: list[str] = []
-    cgroup, backstop = None, False
+    cgroups: list[str] | None = None
+    backstop = False
     try:
         folders = [] if plan["private"] else _host_folders(source, uid)
-        cgroup = host.make_cgroup(int(limits.memory_mb * 2**20), limits.max_processes)
+        cgroups = host.make_cgroup(int(limits.memory_mb * 2**20), limits.max_processes)
         config = {
             **plan,
             **_config(source, limits, checker, python),
             "uid": uid,
             "workdirs": folders,
-            "cgroup": cgroup,
+            "cgroups": cgroups or [],
         }
         result, backstop = _launch(config, limits, bool(plan["flags"] & _CLONE_NEWNET))
     finally:
-        out_of_memory = cgroup is not None and host.remove_cgroup(cgroup)
+        out_of_memory = cgroups is not None and host.remove_cgroup(cgroups)
         _clean_up(uid, plan["private"] and not backstop, folders)
     if out_of_memory and result.status == "killed":
         result = dataclasses.replace(result, status="memory_limit")

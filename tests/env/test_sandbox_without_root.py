@@ -64,7 +64,7 @@ def run_as_nobody(source: str, limits=LIMITS, checker=None) -> dict:
         "proc": True,
         "uid": None,
         "workdirs": [],
-        "cgroup": None,
+        "cgroups": [],
     }
     done = subprocess.run(
         [*AS_NOBODY, "-I", "-S", "-B", host.CHILD, "run"],
