@@ -239,3 +239,18 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     # prefix_sharing (the default): one prompt forward and one continuation forward per scoring
     assert calls["forward/grad"] == 2 * 8
     assert "forward/no_grad" not in calls  # no reference model, no re-scoring pass
+
+
+def test_free_points_scores_content_free_answers_on_both_tasks(tmp_path: Path, capsys) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        free_points = importlib.import_module("free_points")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    free_points.main(["--results", str(tmp_path)])  # no stored experiment: no untrained rows
+    printed = capsys.readouterr().out
+    rows = {line[:26].strip(): line[26:].split() for line in printed.splitlines()}
+    assert rows["identity team"][:2] == ["14", "1.925"]  # the paper's rules: at most 2.0
+    assert rows["empty functions"][:2] == ["14", "0.000"]  # no return: the reward stops
+    assert rows["lead-12 + filler"][:2] == ["50", "2.232"]
+    assert rows["untrained team (stored)"] == ["0", "n/a"]
