@@ -25,6 +25,7 @@ PILOT = [
     *("seeds=[0]", "compute.train_items=4", "compute.items_per_round=2", "compute.epochs=1"),
     *("eval.max_items=14", "eval.samples_per_item=1", "eval.pass_k=1", "eval.every_rounds=0"),
     *("tasks.writing.compute.train_items=4", "tasks.writing.eval.max_items=16"),
+    "tasks.writing.seeds=[0]",
     *("tasks.code_2turn.compute.train_items=2", "tasks.code_2turn.eval.max_items=14"),
 ]
 

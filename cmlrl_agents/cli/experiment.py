@@ -17,8 +17,8 @@ import argparse
 import copy
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ class ExperimentPlan:
     """Per task: kind, dataset, num_turns, methods, seeds (its own or the top-level ones),
     baseline and its merged compute, eval and config sections."""
     source: str
+    overrides: list[str] = field(default_factory=list)
+    """The ``--set`` assignments applied to the file, in order."""
 
 
 def load_experiment(
@@ -78,12 +80,13 @@ def load_experiment(
         raise CLIError(f"seeds must be a non-empty list of ints >= 0, got {seeds!r}.")
     if not isinstance(spec["tasks"], Mapping) or not spec["tasks"]:
         raise CLIError("tasks must be a mapping of task names to task settings.")
+    _check_reach(spec, overrides)
     tasks = {str(name): _task(str(name), section, spec) for name, section in spec["tasks"].items()}
     for name, task in tasks.items():
         if task["baseline"] is not None and task["baseline"] not in tasks:
             raise CLIError(f"tasks.{name}.baseline {task['baseline']!r} is not a task here.")
     output = Path(spec.get("output_dir") or f"runs/{path.stem}")
-    return ExperimentPlan(spec["model"], seeds, output, tasks, str(path))
+    return ExperimentPlan(spec["model"], seeds, output, tasks, str(path), list(overrides))
 
 
 def _assign(spec: dict[str, Any], assignment: str) -> None:
@@ -97,6 +100,44 @@ def _assign(spec: dict[str, Any], assignment: str) -> None:
         target[part] = dict(nested) if isinstance(nested, Mapping) else {}
         target = target[part]
     target[last] = parse_value(text)
+
+
+def _hidden_by(task: Any, key: str) -> tuple[str, Any] | None:
+    """(the task's own key, its value) that hides the top-level ``key`` from the task, or
+    None: a task's own ``seeds`` hide the top-level ones, its own ``compute.<field>`` (and
+    ``eval``, ``config``) the top-level field."""
+    if not isinstance(task, Mapping):
+        return None
+    if key == "seeds":
+        return ("seeds", task["seeds"]) if "seeds" in task else None
+    section, _, rest = key.partition(".")
+    own = task.get(section)
+    first = rest.split(".")[0]
+    if section not in ("compute", "eval", "config") or not isinstance(own, Mapping):
+        return None
+    return (f"{section}.{first}", own[first]) if first in own else None
+
+
+def _check_reach(spec: Mapping[str, Any], overrides: Sequence[str]) -> None:
+    """A top-level override that a task's own setting hides from it changes nothing there:
+    refuse it, naming the task and the override to use, unless that task's own setting is
+    overridden too or already has the value."""
+    keys = [a.partition("=")[0].strip() for a in overrides]
+    tasks = spec.get("tasks")
+    for assignment, key in zip(overrides, keys, strict=True):
+        for name, task in tasks.items() if isinstance(tasks, Mapping) else ():
+            hidden = _hidden_by(task, key)
+            if hidden is None:
+                continue
+            own_key, value = hidden
+            if any(k.startswith(f"tasks.{name}.{own_key}") for k in keys):
+                continue
+            if own_key == key and value == parse_value(assignment.partition("=")[2]):
+                continue  # the task's own value is the override's already
+            raise CLIError(
+                f"--set {assignment!r} does not reach task {name}, whose own {own_key} is "
+                f"{value!r}; add --set tasks.{name}.{own_key}=... for it."
+            )
 
 
 def _is_int(value: Any, low: int) -> bool:

@@ -62,9 +62,15 @@ class CountingBackend:
     """A ``GenerationBackend`` that passes every call to ``inner`` and counts the completion
     tokens. Training requests sample a group (``num_samples > 1``); evaluation samples one."""
 
-    def __init__(self, inner: Any, on_train: Callable[[int], None] | None = None) -> None:
-        self.inner, self.on_train = inner, on_train
+    def __init__(
+        self,
+        inner: Any,
+        on_train: Callable[[int], None] | None = None,
+        on_eval: Callable[[int], None] | None = None,
+    ) -> None:
+        self.inner, self.on_train, self.on_eval = inner, on_train, on_eval
         self.train_tokens = self.eval_tokens = 0
+        self.eval_requests = 0  # answered in the current evaluation pass
         self.eval_started: Clock | None = None
         self.rounds_done: Callable[[], int] = lambda: 0
 
@@ -73,8 +79,12 @@ class CountingBackend:
         if training and self.on_train is not None:
             self.on_train(self.rounds_done())
         if not training and self.eval_started is None:
-            self.eval_started = Clock()
+            self.eval_started, self.eval_requests = Clock(), 0
         out = self.inner.generate(agents, requests)
+        if not training:
+            self.eval_requests += len(requests)
+            if self.on_eval is not None:
+                self.on_eval(self.eval_requests)
         tokens = sum(len(c.completion_ids) for request in out for row in request for c in row)
         if training:
             self.train_tokens += tokens

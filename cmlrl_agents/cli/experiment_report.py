@@ -122,6 +122,15 @@ def write_report(plan: Any, runs: Sequence[Any]) -> dict[str, Path]:
         writer.writeheader()
         writer.writerows({c: r.get(c, "") for c in COLUMNS} for r in rows)
     finished = [r.result() for r in runs if r.finished()]
-    paths["json"].write_text(json.dumps({"rows": rows, "runs": finished}, indent=1), "utf-8")
+    from cmlrl_agents.cli.experiment_runs import provenance
+
+    record = {
+        "source": plan.source,
+        "overrides": plan.overrides,
+        "library": provenance(),  # the table's; each run's own is in its result
+        "rows": rows,
+        "runs": finished,
+    }
+    paths["json"].write_text(json.dumps(record, indent=1), "utf-8")
     plot_results(plan, finished, paths["png"])
     return paths

@@ -251,7 +251,9 @@ def run_one(
 def _count_generation(trainer: Any, progress: Progress) -> CountingBackend:
     """Put a counting wrapper around the trainer's generation backend, where training and
     evaluation read it (an evaluator that holds its own reference gets it too)."""
-    counter = CountingBackend(trainer.generation_backend, on_train=progress.tick)
+    counter = CountingBackend(
+        trainer.generation_backend, on_train=progress.tick, on_eval=progress.eval_tick
+    )
     trainer.generation_backend = counter
     evaluator = getattr(trainer, "evaluator", None)
     if evaluator is not None and hasattr(evaluator, "backend"):
@@ -308,6 +310,14 @@ class Progress:
             self.last_line = time.monotonic()
             self._line(f"[{self.index}/{self.count}] {self.run.name}: round "
                        f"{rounds_done + 1}/{self.run.rounds}")  # fmt: skip
+
+    def eval_tick(self, requests: int) -> None:
+        """An evaluation pass of the current run has answered ``requests`` generation requests
+        (one per agent, item and turn): a line at most every ``every_s`` seconds."""
+        if time.monotonic() - self.last_line >= self.every_s and self.run:
+            self.last_line = time.monotonic()
+            done = f"evaluating, {requests} generation requests answered"
+            self._line(f"[{self.index}/{self.count}] {self.run.name}: {done}")
 
     def done(self, run: Run, result: dict[str, Any]) -> None:
         self.bar.update(run.rounds - self.done_rounds)

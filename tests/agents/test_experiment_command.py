@@ -23,7 +23,7 @@ TINY = (
     *("eval.samples_per_item=2", "eval.pass_k=2", "eval.every_rounds=1"),
     *("tasks.writing.compute.max_new_tokens=8", "tasks.writing.compute.train_items=2"),
     *("tasks.writing.eval.max_items=2", "tasks.writing.seeds=[0,1]"),
-    *("tasks.code_2turn.compute.train_items=2",),
+    *("tasks.code_2turn.compute.train_items=2", "tasks.code_2turn.compute.num_generations=2"),
     *("tasks.code_2turn.eval.samples_per_item=2", "tasks.code_2turn.eval.pass_k=2"),
 )
 
@@ -43,6 +43,7 @@ def test_the_tiny_experiment_runs_every_method_and_writes_the_table_and_plot(
     for suffix in ("md", "csv", "json", "png"):
         assert (out / f"results.{suffix}").stat().st_size > 0
     report = json.loads((out / "results.json").read_text())
+    assert report["overrides"][0] == "model=tiny" and len(report["library"]["commit"]) == 40
     rows = {(r["task"], r["method"]): r for r in report["rows"]}
     assert set(rows) == {
         *((t, m) for t in ("code", "writing") for m in ("untrained team", *METHODS)),
@@ -121,14 +122,18 @@ def test_equal_compute_is_derived_from_one_section() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("compute.train_items=5", "not a multiple of items_per_round=2"),
-        ("eval.pass_k=3", "pass@k needs n >= k"),
+        ("tasks.code.compute.train_items=5", "not a multiple of items_per_round=2"),
+        ("tasks.code.eval.pass_k=3", "pass@k needs n >= k"),
         ("eval.every_rounds=3", "does not divide its 8 rounds"),
         ("tasks.code.methods=[team, solo]", "methods must list some of"),
         ("tasks.writing.num_turns=2", "more than one turn is the code task's team only"),
         ("seeds=[]", "seeds must be a non-empty list"),
         ("tasks.code_2turn.baseline=nothing", "baseline 'nothing' is not a task here"),
         ("computes.epochs=1", "unknown key of paper_small.yaml 'computes'"),
+        (
+            "compute.max_new_tokens=8",
+            "does not reach task writing, whose own compute.max_new_tokens is 80",
+        ),
     ],
 )
 def test_mistakes_in_the_file_are_one_clear_error(override: str, message: str) -> None:
@@ -187,11 +192,11 @@ def test_the_counting_wrapper_reaches_training_and_an_evaluator_holding_the_back
     trainer = SimpleNamespace(
         generation_backend=backend, evaluator=SimpleNamespace(backend=backend)
     )
-    counter = _count_generation(trainer, SimpleNamespace(tick=lambda rounds: None))
+    counter = _count_generation(trainer, SimpleNamespace(tick=print, eval_tick=print))
     assert trainer.generation_backend is counter and trainer.evaluator.backend is counter
     assert counter.inner is backend
     plain = SimpleNamespace(generation_backend=backend)
-    assert _count_generation(plain, SimpleNamespace(tick=None)).inner is backend
+    assert _count_generation(plain, SimpleNamespace(tick=None, eval_tick=None)).inner is backend
 
 
 def test_the_pilot_benchmark_times_a_trained_and_an_untrained_run(
