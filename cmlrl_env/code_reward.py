@@ -44,6 +44,7 @@ answering fail without running. Every reward below the maximum is logged (logger
 
 from __future__ import annotations
 
+import ast
 import functools
 import logging
 import re
@@ -149,11 +150,11 @@ class _Static:
     bonus_forfeit: str = ""
 
 
-def _forfeit(helper_defines_aux: bool, main_code: str, entry: str) -> str:
+def _forfeit(helper_defines_aux: bool, main_tree: ast.Module | None, entry: str) -> str:
     """Why the team gets no cooperation bonus whatever main calls ('' when it may)."""
-    names = bound_names(parse(main_code))
     if not helper_defines_aux:
         return f"the helper defines no {HELPER_NAME}"
+    names = bound_names(main_tree)
     if names[HELPER_NAME]:
         return f"main redefines {HELPER_NAME} (binds the name itself) instead of using the helper's"
     if names[entry] > 1:
@@ -180,7 +181,8 @@ def _static(problem: CodeProblem, helper: str, main: str) -> _Static:
     aux = top_functions(helper_tree).get(HELPER_NAME)
     if aux is not None and has_return(aux):
         levels["aux_defined"] = LEVEL_WEIGHTS["aux_defined"]
-    entry = top_functions(parse(main_code)).get(problem.entry_point)
+    main_tree = parse(main_code)
+    entry = top_functions(main_tree).get(problem.entry_point)
     if entry is None or not has_return(entry):
         what = "does not define" if entry is None else "has no return in"
         reason = f"the main code {what} {problem.entry_point} (or does not parse)"
@@ -195,7 +197,7 @@ def _static(problem: CodeProblem, helper: str, main: str) -> _Static:
     levels["compiles"] = LEVEL_WEIGHTS["compiles"]
     if not count_tests(problem.test):
         return _Static(levels, "the problem has no tests that call candidate", None)
-    forfeit = _forfeit(aux is not None, main_code, problem.entry_point)
+    forfeit = _forfeit(aux is not None, main_tree, problem.entry_point)
     return _Static(levels, "", source, _bonus(entry), forfeit)
 
 

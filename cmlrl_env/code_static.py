@@ -159,11 +159,11 @@ def test_plan(test: str) -> tuple[tuple[str, ...], tuple[tuple[bool, str], ...]]
     if tree is None or check is None:
         return (), ()
     setup = tuple(ast.unparse(n) for n in tree.body if n is not check)
-    statements, tests = [], set()
+    statements, seen = [], set()
     for statement in check.body:
-        source = ast.unparse(statement)
-        statements.append((_is_test(statement) and source not in tests, source))
-        tests.add(source)
+        source = ast.unparse(statement)  # the same source: the same test, counted once
+        statements.append((_is_test(statement) and source not in seen, source))
+        seen.add(source)
     return setup, tuple(statements)
 
 

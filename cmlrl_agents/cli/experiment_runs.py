@@ -301,23 +301,24 @@ class Progress:
         self.bar.update(run.rounds)
         self._line(f"[{self.index}/{self.count}] {run.name}: finished before, skipped")
 
+    def _now_and_then(self, text: str) -> None:
+        """``text`` about the current run, at most one line every ``every_s`` seconds."""
+        if time.monotonic() - self.last_line >= self.every_s and self.run:
+            self.last_line = time.monotonic()
+            self._line(f"[{self.index}/{self.count}] {self.run.name}: {text}")
+
     def tick(self, rounds_done: int) -> None:
         """A training round started after ``rounds_done`` finished rounds of the current run."""
         if rounds_done > self.done_rounds:
             self.bar.update(rounds_done - self.done_rounds)
             self.done_rounds = rounds_done
-        if not self.tty and time.monotonic() - self.last_line >= self.every_s and self.run:
-            self.last_line = time.monotonic()
-            self._line(f"[{self.index}/{self.count}] {self.run.name}: round "
-                       f"{rounds_done + 1}/{self.run.rounds}")  # fmt: skip
+        if not self.tty and self.run:  # in a terminal the bar shows the rounds
+            self._now_and_then(f"round {rounds_done + 1}/{self.run.rounds}")
 
     def eval_tick(self, requests: int) -> None:
         """An evaluation pass of the current run has answered ``requests`` generation requests
         (one per agent, item and turn): a line at most every ``every_s`` seconds."""
-        if time.monotonic() - self.last_line >= self.every_s and self.run:
-            self.last_line = time.monotonic()
-            done = f"evaluating, {requests} generation requests answered"
-            self._line(f"[{self.index}/{self.count}] {self.run.name}: {done}")
+        self._now_and_then(f"evaluating, {requests} generation requests answered")
 
     def done(self, run: Run, result: dict[str, Any]) -> None:
         self.bar.update(run.rounds - self.done_rounds)

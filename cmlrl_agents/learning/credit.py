@@ -146,6 +146,16 @@ def chain_credit(
     )
 
 
+def _length_metrics(completions: list[Completion], prefix: str) -> dict[str, float]:
+    """Mean length (tokens) and the fraction cut at ``max_new_tokens`` before EOS."""
+    lengths = [len(c.completion_ids) for c in completions]
+    cut = sum(not c.finished for c in completions)
+    return {
+        f"{prefix}length_mean": sum(lengths) / len(lengths),
+        f"{prefix}clipped_fraction": cut / len(completions),
+    }
+
+
 def round_metrics(tree: RolloutTree, joint: list[Tensor]) -> dict[str, float]:
     """A round's ``turn_k/reward_mean`` and ``turn_k/expected_return`` (every joint action of
     turn k, ``joint`` from :func:`joint_returns`), and what its completions look like:
@@ -162,19 +172,13 @@ def round_metrics(tree: RolloutTree, joint: list[Tensor]) -> dict[str, float]:
             by_agent.setdefault(agent, []).extend(c for samples in agent_rows for c in samples)
     completions = [c for agent_completions in by_agent.values() for c in agent_completions]
     if completions:
+        metrics.update(_length_metrics(completions, "completions/"))
         lengths = [len(c.completion_ids) for c in completions]
-        metrics["completions/length_mean"] = sum(lengths) / len(lengths)
         metrics["completions/length_min"] = float(min(lengths))
         metrics["completions/length_max"] = float(max(lengths))
-        cut = sum(not c.finished for c in completions)
-        metrics["completions/clipped_fraction"] = cut / len(completions)
     if len(by_agent) > 1:  # per agent too, so that a collapse shows which role moved
         for agent, own in by_agent.items():
-            own_lengths = [len(c.completion_ids) for c in own]
-            metrics[f"agent_{agent}/completions/length_mean"] = sum(own_lengths) / len(own)
-            metrics[f"agent_{agent}/completions/clipped_fraction"] = sum(
-                not c.finished for c in own
-            ) / len(own)
+            metrics.update(_length_metrics(own, f"agent_{agent}/completions/"))
     groups = [r for level, r in zip(tree.levels, joint, strict=True) if len(level.joints) > 1]
     if groups:
         # A group whose joint actions all got one return gives every sibling advantage 0: no
