@@ -27,7 +27,11 @@ SUMMARY = "one two three four five six seven eights"
 EXPANSION = (
     "however alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima because "
     "mike then"
-)  # with SUMMARY: every writing level at its optimum (3.0)
+)
+# With SUMMARY, by the paper's levels: 8 and 16 tokens (0.5), character ratio 2.45 (1.0), 16 / 8
+# distinct words (0.5), 4 transition categories, "then" and "however" two each (0.4 x 0.55), no
+# shared content word (0.6 x 0): 2.22.
+TEAM_REWARD = 2.22
 
 
 def test_the_trainer_is_a_top_level_name() -> None:
@@ -83,7 +87,7 @@ def test_unparsable_completions_get_the_penalty_and_skip_the_reward() -> None:
 
     joint = JointReward(reward, 2, parse_failure_reward=-1.0)
     good = f"Task 1: {SUMMARY}\nTask 2: {EXPANSION}"
-    assert joint([good, "no headings", good], batch_items=[{"prompt": "p"}]) == [3.0, -1.0, 3.0]
+    assert joint([good, "no headings", good], batch_items=[{"prompt": "p"}]) == pytest.approx([TEAM_REWARD, -1.0, TEAM_REWARD])
     assert calls == [([SUMMARY, SUMMARY], [EXPANSION, EXPANSION])]  # one call, parsed only
     assert joint(["no headings"], batch_items=[{"prompt": "p"}]) == [-1.0]
     assert len(calls) == 1
@@ -126,7 +130,7 @@ def test_the_joint_policy_sees_every_role_and_is_scored_by_the_team_reward(tmp_p
     assert prompt.count(item["prompt"]) == 1
     for formatter in (writing_tasks.summary_formatter, writing_tasks.expansion_formatter):
         assert formatter(item).removesuffix(item["prompt"]).strip() in prompt
-    assert tree.levels[0].rewards.tolist() == [[3.0, -1.0]]
+    assert tree.levels[0].rewards.tolist() == [[pytest.approx(TEAM_REWARD), -1.0]]
 
 
 def test_training_changes_the_one_model_and_logs_the_loss(tmp_path) -> None:
@@ -208,7 +212,11 @@ def test_single_agent_grpo_trains_on_the_code_reward(tmp_path) -> None:
         args=args,
     )
     helper = "def aux(number):\n    return number % 1.0\n"
-    main = "def truncate_number(number):\n    result = aux(number)\n    return result\n"
+    # main builds on aux (not a bare wrapper), so every level and bonus is earned: 4.0.
+    main = (
+        "def truncate_number(number):\n    part = aux(number)\n"
+        "    return part if part >= 0 else part + 1.0\n"
+    )
     item = code_tasks.humaneval_dataset(["HumanEval/2"])[0]
     script = ScriptedPolicy(lambda prompt, g: f"```python\n{helper}\n{main}```" if g else "")
     tree = collect_tree(

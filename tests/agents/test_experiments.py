@@ -22,6 +22,7 @@ TRAIN_KEYS = {
     *("turn_1/reward_mean", "turn_1/expected_return", "loss", "grad_norm"),
     *(f"agent_{a}/{k}" for a in (0, 1) for k in ("loss", "grad_norm", "turn_1/expected_return")),
     *(f"agent_{a}/entropy" for a in (0, 1)),
+    *(f"agent_{a}/completions/{k}" for a in (0, 1) for k in ("length_mean", "clipped_fraction")),
     *(f"completions/{k}" for k in ("length_mean", "length_min", "length_max", "clipped_fraction")),
     "groups/zero_spread_fraction",
 }
