@@ -27,7 +27,7 @@ import string
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Sequence as CollectionsSequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
@@ -149,7 +149,17 @@ if hasattr(space_utils, "_flat_dtype"):
 
 
 # -- vector utilities: a batch of text is a tuple of str ------------------------------------------
-class TextBatch(spaces.Tuple[str]):
+# Gymnasium's ``Tuple`` is generic in its element type only from 1.4 on: before, ``Tuple[str]``
+# raises "Tuple is not a generic class" (RLlib pins 1.2.2). The parameter is for the type checker
+# only (it checks against the locked 1.4); at run time a subclass of ``Tuple[str]`` is one of
+# ``Tuple`` anyway.
+if TYPE_CHECKING:
+    _TupleOfStr = spaces.Tuple[str]
+else:
+    _TupleOfStr = spaces.Tuple
+
+
+class TextBatch(_TupleOfStr):
     """``batch_space(TextSpace, n)``: one ``TextSpace`` per vector env; values are tuples of str.
 
     A plain ``Tuple`` of ``TextSpace`` would not do: once ``TextSpace`` has an ``iterate``,
