@@ -66,7 +66,19 @@ class TextSpace(spaces.Text):
     def __init__(
         self, max_length: int = DEFAULT_MAX_CHARS, *, min_length: int = 0, seed: int | None = None
     ) -> None:
-        # A one-character charset keeps Text's own checks of the bounds and seed, at no cost.
+        # Checked here: Gymnasium before 1.4 only asserts the bounds (nothing under python -O).
+        for name, value in (("max_length", max_length), ("min_length", min_length)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise TypeError(
+                    f"TextSpace {name} must be an int (a count of characters), got {value!r} "
+                    f"({type(value).__name__})."
+                )
+        if not 0 <= min_length <= max_length:
+            raise ValueError(
+                f"TextSpace needs 0 <= min_length <= max_length, got min_length={min_length} "
+                f"and max_length={max_length}: give a max_length of at least {max(min_length, 0)}."
+            )
+        # A one-character charset keeps Text's own check of the seed, at no cost.
         super().__init__(max_length, min_length=min_length, charset="x", seed=seed)
         self.__dict__.update(_PRINTABLE_TABLES)
 
