@@ -58,10 +58,10 @@ def test_setup_installs_from_the_lock_unless_told_otherwise() -> None:
 
 def test_the_floors_are_pyprojects_lower_bounds() -> None:
     assert deps.declared_floors("env") == {
-        "gymnasium": "1.0",
+        "gymnasium": "1.1",
         "pettingzoo": "1.25",
         "datasets": "2.19",
-        "numpy": "1.24",
+        "numpy": "2.0",
     }
     assert set(deps.declared_floors("agents")) == {"transformers", "peft", "accelerate", "datasets"}
     floors = deps.floor_constraints("agents").splitlines()
