@@ -27,7 +27,7 @@ import string
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Sequence as CollectionsSequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
@@ -66,7 +66,19 @@ class TextSpace(spaces.Text):
     def __init__(
         self, max_length: int = DEFAULT_MAX_CHARS, *, min_length: int = 0, seed: int | None = None
     ) -> None:
-        # A one-character charset keeps Text's own checks of the bounds and seed, at no cost.
+        # Checked here: Gymnasium before 1.4 only asserts the bounds (nothing under python -O).
+        for name, value in (("max_length", max_length), ("min_length", min_length)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise TypeError(
+                    f"TextSpace {name} must be an int (a count of characters), got {value!r} "
+                    f"({type(value).__name__})."
+                )
+        if not 0 <= min_length <= max_length:
+            raise ValueError(
+                f"TextSpace needs 0 <= min_length <= max_length, got min_length={min_length} "
+                f"and max_length={max_length}: give a max_length of at least {max(min_length, 0)}."
+            )
+        # A one-character charset keeps Text's own check of the seed, at no cost.
         super().__init__(max_length, min_length=min_length, charset="x", seed=seed)
         self.__dict__.update(_PRINTABLE_TABLES)
 
@@ -149,7 +161,17 @@ if hasattr(space_utils, "_flat_dtype"):
 
 
 # -- vector utilities: a batch of text is a tuple of str ------------------------------------------
-class TextBatch(spaces.Tuple[str]):
+# Gymnasium's ``Tuple`` is generic in its element type only from 1.4 on: before, ``Tuple[str]``
+# raises "Tuple is not a generic class" (RLlib pins 1.2.2). The parameter is for the type checker
+# only (it checks against the locked 1.4); at run time a subclass of ``Tuple[str]`` is one of
+# ``Tuple`` anyway.
+if TYPE_CHECKING:
+    _TupleOfStr = spaces.Tuple[str]
+else:
+    _TupleOfStr = spaces.Tuple
+
+
+class TextBatch(_TupleOfStr):
     """``batch_space(TextSpace, n)``: one ``TextSpace`` per vector env; values are tuples of str.
 
     A plain ``Tuple`` of ``TextSpace`` would not do: once ``TextSpace`` has an ``iterate``,

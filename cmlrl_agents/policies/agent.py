@@ -375,6 +375,9 @@ class LLMAgent:
         kwargs = dict(model_kwargs or {})
         if dtype is not None:
             kwargs["dtype"] = dtype
+        elif "torch_dtype" not in kwargs:
+            # the stored dtype, as transformers 5 loads by default (4.x loaded float32)
+            kwargs.setdefault("dtype", "auto")
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(source)

