@@ -86,8 +86,11 @@ class SharedConfig(ValidatedConfig):
     log_entropy: bool = True
     """Log each agent's mean per-token policy entropy (computed from the scoring pass's logits,
     without gradient)."""
-    seed: int | None = None
-    """Seed python, numpy and torch at the start of ``train()`` (None: leave them)."""
+    seed: int | None = 42
+    """Seed python, numpy and torch before any model is built and at the start of ``train()``,
+    and key the run's sampling with it, so a run repeats as it is (Hugging Face's and TRL's
+    default, 42). None: leave the global streams as they are and draw the sampling seed at
+    random; ``config.json`` records the one drawn as ``sample_seed``."""
     output_dir: str | None = None
     """Local metrics, config, plots and checkpoints.
 

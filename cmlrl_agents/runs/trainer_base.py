@@ -154,6 +154,7 @@ class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
             "models": self.model_names,
             **self.extra_config,
             **self.args.to_dict(),
+            "sample_seed": self.sample_seed,  # args.seed, or the one drawn for seed=None
         }
 
     @property

@@ -107,6 +107,20 @@ def test_a_seed_makes_value_heads_identical_and_none_leaves_them_random(tmp_path
     assert not torch.equal(one[0]["net.weight"], other[0]["net.weight"])
 
 
+def test_a_run_repeats_out_of_the_box_and_seed_none_records_the_seed_it_drew(tmp_path) -> None:
+    # No seed given: the default (42, Hugging Face's) makes two runs one run, as in TRL.
+    runs = [make_trainer(tmp_path / str(i), eval_interval=0) for i in range(2)]
+    for trainer in runs:
+        trainer.train()
+    assert runs[0].args.seed == 42 and runs[0].sample_seed == runs[1].sample_seed == 42
+    assert_identical(weights(runs[0]), weights(runs[1]))
+    drawn = [make_trainer(tmp_path / f"none-{i}", eval_interval=0, seed=None) for i in range(2)]
+    assert drawn[0].sample_seed != drawn[1].sample_seed
+    for trainer in drawn:
+        config = json.loads((trainer.run_dir / "config.json").read_text())
+        assert config["seed"] is None and config["sample_seed"] == trainer.sample_seed
+
+
 def test_config_json_records_what_the_run_uses(tmp_path) -> None:
     trainer = make_trainer(tmp_path, eval_interval=0, agent_learning_rate=1e-3)
     trainer.args.agent_learning_rate = 5e-4
