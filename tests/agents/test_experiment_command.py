@@ -13,6 +13,7 @@ import pytest
 from cmlrl_agents.cli.commands import main
 from cmlrl_agents.cli.experiment import load_experiment
 from cmlrl_agents.cli.experiment_eval import CountingBackend, summarize
+from cmlrl_agents.cli.experiment_report import summary_rows
 from cmlrl_agents.cli.experiment_runs import run_files
 from cmlrl_agents.cli.spec import CLIError
 
@@ -52,6 +53,12 @@ def test_the_tiny_experiment_runs_every_method_and_writes_the_table_and_plot(
     assert all(r["seeds"] == 2 and r["eval_samples"] == 4 for r in rows.values())
     assert rows["code", "team"]["pass@k"].startswith("pass@2: ")
     assert rows["code", "centralized"]["parse_rate"] != ""
+    assert " → " in rows["writing", "single"]["parse_rate"]  # the split rate, from the texts
+    assert rows["code", "team"]["token_budget"] == "64" and rows["code", "team"]["run_change_se"]
+    measures = {(m["task"], m["method"], m["measure"]): m for m in report["measures"]}
+    assert measures["writing", "team", "content/summary_in_passage"]["trained_on"] == "no"
+    assert measures["code", "single", "level/tests"]["trained_on"] == "yes"
+    assert ("code", "team", "pass@1") in measures
     assert rows["code_2turn", "team"]["turn_2"] != "" and "turn_2" not in rows["code", "team"]
     runs = report["runs"]
     assert len(runs) == 14
@@ -159,6 +166,46 @@ def test_summarize_by_a_hand_worked_example() -> None:
     assert summarize(parsed, 1, 2)["parse_rate"] == 0.75
     single = summarize([{"item": "a", "reward": {"turn_1": 1.0}}] * 1, 1, 1)
     assert single["reward"] == 1.0 and math.isnan(single["reward_se"])
+
+
+def test_the_table_by_a_hand_worked_example(tmp_path) -> None:
+    # Two single-agent writing seeds; each eval point stores its answers in eval-samples.jsonl.
+    def point(reward: float, se: float) -> dict:
+        return {"samples": 2, "reward": reward, "reward_se": se, "turn_1/level/overlap": reward}
+
+    one, two = tmp_path / "seed-0", tmp_path / "seed-1"
+    results = {one: [point(1.0, 0.3), point(2.0, 0.4)], two: [point(0.0, 0.6), point(2.0, 0.8)]}
+    texts = [["summary only", "a summary\n\nits expansion"], ["a\n\nb", "c\n\nd"]]
+    runs = []
+    for (folder, points), answers in zip(results.items(), (texts[0], texts[1]), strict=True):
+        folder.mkdir()
+        stored = {"num_turns": 1, "points": points, "rounds": 3}
+        stored.update(token_budget_per_round_turn_1=10, train_tokens=20, optimizer_steps=3)
+        stored.update(s_per_round=1, cpu_s_per_round=1, eval_s_per_pass=1, wall_s=9)
+        (folder / "result.json").write_text(json.dumps(stored))
+        samples = [{"completions": [[a]]} for a in answers]
+        rows = [json.dumps({"samples": samples})] * 2
+        (folder / "eval-samples.jsonl").write_text("\n".join(rows))
+        run = SimpleNamespace(task="writing", method="single", folder=folder, finished=lambda: 1)
+        run.result = lambda f=folder: json.loads((f / "result.json").read_text())
+        runs.append(run)
+    plan = SimpleNamespace(tasks={"writing": {"kind": "writing"}})
+    report = summary_rows(plan, runs)
+    (row,) = report["rows"]
+    # Changes 1.0 and 2.0; each run's own SE of it: hypot(0.3, 0.4) = 0.5, hypot(0.6, 0.8) = 1.
+    assert (row["before"], row["after"]) == ("0.500 ± 0.500", "2.000 ± 0.000")
+    assert row["change"] == "1.500 ± 0.500" and row["run_change_se"] == "0.750"
+    # Seed 0 splits one answer of two, seed 1 both: 0.75 before and after, SE 0.25 over seeds.
+    assert row["parse_rate"] == "0.750 → 0.750 ± 0.250"
+    assert row["token_budget"] == "30" and row["train_tokens"] == "20"
+    (overlap,) = report["measures"]
+    assert overlap["measure"] == "level/overlap" and overlap["change"] == "1.500 ± 0.500"
+    assert report["notes"] == []
+    for run in runs:  # no answer splits: the note says the method never parsed
+        no_split = json.dumps({"samples": [{"completions": [["one paragraph"]]}]})
+        (run.folder / "eval-samples.jsonl").write_text(f"{no_split}\n{no_split}")
+    (note,) = summary_rows(plan, runs)["notes"]
+    assert note.startswith("writing/single never parsed")
 
 
 def test_the_counting_backend_counts_training_and_eval_tokens_apart() -> None:
