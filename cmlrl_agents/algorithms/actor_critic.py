@@ -35,6 +35,7 @@ from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.build import build_agents
 from cmlrl_agents.policies.devices import resolve_devices
+from cmlrl_agents.policies.model_setup import disable_dropout
 from cmlrl_agents.policies.reference import reference_policies
 from cmlrl_agents.policies.value_head import ValueModel
 from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
@@ -88,6 +89,9 @@ class _ActorCriticTrainer(TeamTrainer[ActorCriticConfig, ActorCriticLearner]):
         critics, encoders = self._build_critics(
             critic_model, critics, team.get("tokenizer"), team.get("model_config")
         )
+        if args.disable_dropout:
+            for critic in critics:
+                disable_dropout(critic)
         self.learner = ActorCriticLearner(
             self.agents,
             critics,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from cmlrl_agents.policies.agent import LLMAgent
-from cmlrl_agents.policies.model_setup import LOW_PRECISION
+from cmlrl_agents.policies.model_setup import LOW_PRECISION, active_dropout
 from cmlrl_agents.policies.reference import Reference, reference_logprobs
 from cmlrl_agents.policies.tokens import Temperature, TokenBatch, build_batch
 
@@ -133,16 +133,10 @@ def shared_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
 def joint_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
     """Shared bases whose agents can be scored in one mixed-adapter pass with gradients: peft
     allows per-row adapters in eval mode only, which equals training mode when no dropout is
-    active (no ``nn.Dropout`` with p > 0, no ``*dropout`` config value > 0)."""
-    return [g for g in shared_groups(agents) if len(g) > 1 and not _dropout(agents[g[0]].model)]
-
-
-def _dropout(model: nn.Module) -> bool:
-    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
-        return True
-    # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
-    config = model.get_base_model().config.to_dict()  # type: ignore[operator]
-    return any("dropout" in k and isinstance(v, float) and v > 0 for k, v in config.items())
+    active (the trainers' ``disable_dropout`` default)."""
+    return [
+        g for g in shared_groups(agents) if len(g) > 1 and not active_dropout(agents[g[0]].model)
+    ]
 
 
 def checkpoint_models(agents: Sequence[LLMAgent]) -> dict[str, nn.Module]:

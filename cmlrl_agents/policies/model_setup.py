@@ -12,6 +12,10 @@
   ``IndexError`` in the middle of training; it is refused when the agent is built.
 - Chat template: which template the agent applies (and any system turn it adds), and whether a
   prompt already carries the template (then it is used as it is, never wrapped twice).
+- Dropout: the trainers turn it off (``disable_dropout``, as TRL does) so that every scoring
+  pass of one weight state is one function: with LoRA dropout 0.1, a stale step's ratio to the
+  "old" log-probs was 0.84-1.16 at learning rate 1e-9 (another dropout draw, not another
+  policy), and tokens clipped with no policy change.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from cmlrl_agents.policies.model_methods import base_model, input_embeddings
 
 __all__ = [
     "check_local_model_path",
+    "active_dropout",
     "check_vocabulary",
+    "disable_dropout",
     "eval_mode",
     "fp32_master_weights",
     "only_our_generation_settings",
@@ -106,6 +112,32 @@ def check_local_model_path(name_or_path: str | os.PathLike[str]) -> None:
             "folder that holds config.json and the weights, or a hub id such as "
             "'HuggingFaceTB/SmolLM2-135M-Instruct'."
         )
+
+
+def _dropout_rates(model: nn.Module) -> Iterator[tuple[nn.Module, str, float]]:
+    """(module, attribute, rate) of every dropout the model applies in training mode: each
+    ``nn.Dropout`` (peft's ``lora_dropout`` too) and each float attribute named ``*dropout``
+    that transformers' modules pass to attention (``attention_dropout``)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            yield module, "p", module.p
+            continue
+        for name, value in vars(module).items():
+            if "dropout" in name and isinstance(value, float):
+                yield module, name, value
+
+
+def active_dropout(model: nn.Module) -> bool:
+    """Whether the model draws dropout in training mode (a rate above 0 anywhere)."""
+    return any(rate > 0 for _, _, rate in _dropout_rates(model))
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout rate of the model to 0 (its config is left as it is): in training
+    mode it then computes what it computes in eval mode, and gradient checkpointing, which
+    transformers applies in training mode only, stays on."""
+    for module, name, _ in list(_dropout_rates(model)):
+        setattr(module, name, 0.0)
 
 
 @contextmanager

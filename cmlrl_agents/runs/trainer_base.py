@@ -23,6 +23,7 @@ from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.build import build_agents
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.generation import GenerationBackend, make_backend
+from cmlrl_agents.policies.model_setup import disable_dropout
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.checkpointer import Checkpointer, save_models
@@ -110,6 +111,9 @@ class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
             devices=devices,
             peft_config=team.get("peft_config"),
         )
+        if args.disable_dropout:
+            for agent in self.agents:
+                disable_dropout(agent.model)
         self.model_names = [model_name(agent_model or agent) for agent in self.agents]
         self.eval_dataset = eval_dataset
         self.generation_backend: GenerationBackend = make_backend(args.generation_backend)

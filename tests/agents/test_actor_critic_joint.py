@@ -182,9 +182,14 @@ def test_maac_adapter_agents_train_jointly_and_log(base_folder, tmp_path) -> Non
 
 
 def test_adapters_with_active_dropout_step_one_by_one(base_folder, tmp_path) -> None:
-    """peft's mixed-adapter batches need eval mode, which differs from training under dropout."""
+    """peft's mixed-adapter batches need eval mode, which differs from training under dropout;
+    the default (disable_dropout) sets the rates to 0, and the adapters score in one pass."""
     dropout = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], lora_dropout=0.1)
-    args = iac_config(tmp_path / "run", ppo_clip_range=None, ppo_epochs=1)
+    args = iac_config(tmp_path / "off", ppo_clip_range=None, ppo_epochs=1)
+    assert team(
+        IACTrainer, args, shared=base_folder, peft_config=dropout
+    ).learner.actor_groups() == [[0, 1]]
+    args = iac_config(tmp_path / "run", ppo_clip_range=None, ppo_epochs=1, disable_dropout=False)
     trainer = team(IACTrainer, args, shared=base_folder, peft_config=dropout)
     assert trainer.learner.actor_groups() == [[0], [1]]
     before = [adapter_state(a) for a in trainer.agents]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,38 @@ def test_joint_scoring_of_a_shared_base_equals_agent_by_agent_updates(base_folde
         )
         for name in mine:
             torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("disable_dropout", [True, False])
+def test_a_stale_steps_ratio_is_one_before_the_policy_moves_despite_lora_dropout(
+    base_folder, tmp_path, disable_dropout
+) -> None:
+    # Two steps per round at lr 1e-9: the second step's ratio to the round's "old" log-probs
+    # measures only what differs between the two scoring passes of (almost) one policy.
+    args = MAGRPOConfig(
+        num_generations=4,
+        max_new_tokens=6,
+        rollout_buffer_size=2,
+        train_batch_size=1,
+        eval_interval=0,
+        agent_learning_rate=1e-9,
+        seed=0,
+        output_dir=str(tmp_path / "run"),
+        disable_dropout=disable_dropout,
+    )
+    dropout = LoraConfig(  # random B, as after training: dropout acts on the adapters' output
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        lora_dropout=0.1,
+        init_lora_weights=False,
+    )
+    trainer = make_trainer(base_folder, tmp_path / "run", args=args, peft_config=dropout)
+    trainer.train()
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").open()]
+    ratio_max = max(r[f"agent_{a}/ratio_max"] for r in rows for a in (0, 1) if "loss" in r)
+    clipped = max(r[f"agent_{a}/clipfrac"] for r in rows for a in (0, 1) if "loss" in r)
+    if disable_dropout:  # the default: one function, so the ratio is 1 and nothing clips
+        assert ratio_max == pytest.approx(1.0, abs=1e-5) and clipped == 0.0
+    else:  # another dropout draw in each pass: the ratio moves with no policy change
+        assert ratio_max > 1.01

@@ -97,7 +97,7 @@ def perturb_and_copy(source: MADPOTrainer, twins: MADPOTrainer) -> None:
                     p.copy_(weights[name])
 
 
-def separate_trainer(out: Path, peft_config: LoraConfig) -> MADPOTrainer:
+def separate_trainer(out: Path, peft_config: LoraConfig, **kw) -> MADPOTrainer:
     """The same team with one base per agent (identical weights): every agent alone."""
     tokenizer = tiny_tokenizer()
     return MADPOTrainer(
@@ -107,7 +107,7 @@ def separate_trainer(out: Path, peft_config: LoraConfig) -> MADPOTrainer:
         formatters=FORMATTERS,
         reward_func=tasks.length_ratio_reward,
         train_dataset=tasks.length_ratio_splits()[0],
-        args=config(out),
+        args=config(out, **kw),
     )
 
 
@@ -152,8 +152,9 @@ def test_the_joint_step_equals_the_dpo_loss_and_gradients_computed_agent_by_agen
 def test_adapters_of_a_base_with_dropout_step_agent_by_agent_and_all_train(base_folder, tmp_path):
     """With dropout the agents of one base score one by one; activating agent 1's adapter
     freezes agent 0's, yet both step exactly as on two separate bases (same dropout draws)."""
-    shared = shared_trainer(base_folder, tmp_path / "a", peft_config=lora(0.2))
-    twins = separate_trainer(tmp_path / "b", lora(0.2))
+    keep = {"disable_dropout": False}  # the trainers' default sets every rate to 0
+    shared = shared_trainer(base_folder, tmp_path / "a", peft_config=lora(0.2), **keep)
+    twins = separate_trainer(tmp_path / "b", lora(0.2), **keep)
     perturb_and_copy(shared, twins)
     pairs = shared.build_pairs(0)
     results = []
