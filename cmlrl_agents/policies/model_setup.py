@@ -14,8 +14,8 @@
   prompt already carries the template (then it is used as it is, never wrapped twice).
 - Dropout: the trainers turn it off (``disable_dropout``, as TRL does) so that every scoring
   pass of one weight state is one function: with LoRA dropout 0.1, a stale step's ratio to the
-  "old" log-probs was 0.84-1.16 at learning rate 1e-9 (another dropout draw, not another
-  policy), and tokens clipped with no policy change.
+  "old" log-probs moved up to 0.16 away from 1 at learning rate 1e-9 (another dropout draw, not
+  another policy), and tokens clipped with no policy change.
 """
 
 from __future__ import annotations

@@ -86,10 +86,9 @@ class SharedConfig(ValidatedConfig):
     disable_dropout: bool = True
     """Set every dropout rate of the agents (and of the critics) to 0 when the trainer is built,
     as TRL's ``disable_dropout``: each scoring pass of one weight state is then one function,
-    so a stale step's ratio to its "old" log-probs is exactly 1 before the policy moves (with
-    LoRA dropout 0.1 it was 0.84-1.16 at learning rate 1e-9, and tokens clipped), and so are the
-    reference's and the sampler's. False keeps dropout in the training passes (peft's
-    ``lora_dropout``, a model's ``attention_dropout``)."""
+    so a stale step's ratio to its "old" log-probs is exactly 1 before the policy moves (the
+    measurement with dropout kept: docs/training.md). False keeps dropout in the training
+    passes (peft's ``lora_dropout``, a model's ``attention_dropout``)."""
     log_entropy: bool = True
     """Log each agent's mean per-token policy entropy (computed from the scoring pass's logits,
     without gradient)."""
