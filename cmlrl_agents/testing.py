@@ -4,6 +4,9 @@ re-exported here for the tests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from cmlrl_agents.tiny_models import (
     TINY_CHAT_TEMPLATE,
     TINY_EOS_ID,
@@ -14,6 +17,7 @@ from cmlrl_agents.tiny_models import (
 )
 
 __all__ = [
+    "SyncRecorder",
     "TINY_CHAT_TEMPLATE",
     "TINY_EOS_ID",
     "tiny_agent",
@@ -21,3 +25,22 @@ __all__ = [
     "tiny_reward_model",
     "tiny_tokenizer",
 ]
+
+
+class SyncRecorder:
+    """A ``GenerationBackend`` around ``inner`` that records, for each ``generate`` call, how
+    many ``sync`` calls came before it: a backend that holds weights of its own (vLLM) serves
+    those of its last sync, so a call at 0 syncs after an update samples the old policy."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.syncs = inner, 0
+        self.calls: list[int] = []
+        """The sync count at each generate call, in order."""
+
+    def generate(self, agents: Sequence[Any], requests: Sequence[Any]) -> list[Any]:
+        self.calls.append(self.syncs)
+        return self.inner.generate(agents, requests)
+
+    def sync(self, agents: Sequence[Any]) -> None:
+        self.syncs += 1
+        self.inner.sync(agents)

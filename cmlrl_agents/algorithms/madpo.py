@@ -140,6 +140,7 @@ class MADPOTrainer(PreferenceTrainer[MADPOConfig, DPOLearner]):
             self.items_seen += len(data.pairs)
             self.logger.log_now(last, self.env_step)
             self._maybe_checkpoint(len(data.pairs))
+        self.generation_backend.sync(self.agents)  # the next round's pairs and evaluations
         return last
 
     def dpo_epoch(self, data: PreparedPairs) -> dict[str, float]:

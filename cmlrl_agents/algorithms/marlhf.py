@@ -43,6 +43,7 @@ from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
 from cmlrl_agents.learning.learner import Learner
+from cmlrl_agents.policies.generation import GenerationBackend
 from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
 from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer import TeamTrainer
@@ -149,7 +150,22 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
         )
         if self.has_task_reward and self.eval_env is not None:
             trainer.eval_env = self.eval_env
+        # One backend for the pairs and the RL phase: its syncs after RL updates serve the
+        # next round's pairs (a backend with weights of its own, vLLM, would serve round 0's).
+        trainer.generation_backend = self.generation_backend
         return trainer
+
+    @property
+    def generation_backend(self) -> GenerationBackend:
+        """The one backend of the pairs, the RL phase and the evaluations: assigning another
+        replaces it in the RL trainer too."""
+        return self.evaluator.backend
+
+    @generation_backend.setter
+    def generation_backend(self, backend: GenerationBackend) -> None:
+        self.evaluator.backend = backend
+        if hasattr(self, "rl_trainer"):  # None yet while the base trainer is being built
+            self.rl_trainer.generation_backend = backend
 
     # -- the rounds -------------------------------------------------------------------------------
     @property

@@ -19,7 +19,7 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.algorithms.preference_pairs import PAIR_SELECTIONS
-from cmlrl_agents.runs.config import SharedConfig
+from cmlrl_agents.runs.config import SAMPLING_KEYS, SharedConfig
 
 __all__ = [
     "MADPOConfig",
@@ -29,6 +29,10 @@ __all__ = [
     "PreferenceConfig",
     "RL_ALGORITHMS",
 ]
+
+GENERATION_FIELDS = (*SAMPLING_KEYS, "agent_sampling", "generation_backend")
+"""What MARLHF's pairs and its RL phase generate with: MARLHF's values (rl_args may leave them
+at their defaults or repeat them, never differ)."""
 
 RL_CONFIGS: dict[str, type[SharedConfig]] = {
     "magrpo": MAGRPOConfig,
@@ -122,7 +126,8 @@ class MARLHFConfig(PreferenceConfig):
     """The RL phase: magrpo, mareinforce, maremax, marloo, iac or maac."""
     rl_args: SharedConfig | None = None
     """The RL phase's config (None: that algorithm's defaults); its ``output_dir`` None becomes
-    ``<output_dir>/rl``."""
+    ``<output_dir>/rl``. The RL phase generates as the pairs do, with this config's sampling
+    fields and ``generation_backend`` (``GENERATION_FIELDS``), through one backend."""
     reward_learning_rate: float = 1e-4
     reward_num_train_epochs: int = 1
     reward_batch_size: int = 8
@@ -166,6 +171,15 @@ class MARLHFConfig(PreferenceConfig):
                 f"{config_class.__name__}, got {type(rl).__name__}; set rl_algorithm to match, "
                 f"or pass {config_class.__name__}(...)."
             )
+        defaults = config_class()
+        for name in GENERATION_FIELDS:
+            mine, theirs = getattr(self, name), getattr(rl, name)
+            if theirs != mine and theirs != getattr(defaults, name):
+                raise ValueError(
+                    f"rl_args.{name}={theirs!r} differs from {name}={mine!r}: MARLHF's pairs and "
+                    f"its RL phase generate with one setting, this config's; set {name} on "
+                    f"{type(self).__name__} and leave rl_args.{name} at its default."
+                )
         if rl.num_turns != 1:
             raise ValueError(
                 f"rl_args.num_turns={rl.num_turns}: the reward model scores single-turn joint "

@@ -249,15 +249,12 @@ def run_one(
 
 
 def _count_generation(trainer: Any, progress: Progress) -> CountingBackend:
-    """Put a counting wrapper around the trainer's generation backend, where training and
-    evaluation read it (an evaluator that holds its own reference gets it too)."""
+    """Put a counting wrapper around the trainer's generation backend (training and evaluation
+    read the one the trainer holds)."""
     counter = CountingBackend(
         trainer.generation_backend, on_train=progress.tick, on_eval=progress.eval_tick
     )
     trainer.generation_backend = counter
-    evaluator = getattr(trainer, "evaluator", None)
-    if evaluator is not None and hasattr(evaluator, "backend"):
-        evaluator.backend = counter
     return counter
 
 

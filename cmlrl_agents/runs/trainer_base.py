@@ -70,6 +70,17 @@ class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
     learner: LearnerT
     _args: ConfigT
 
+    @property
+    def generation_backend(self) -> GenerationBackend:
+        """Any ``GenerationBackend`` (``args.generation_backend``'s); ``sync(agents)`` runs
+        after every update. Training and evaluation read this one object: assigning another
+        (a wrapper, or the backend of a trainer this one drives) replaces it for both."""
+        return self.evaluator.backend
+
+    @generation_backend.setter
+    def generation_backend(self, backend: GenerationBackend) -> None:
+        self.evaluator.backend = backend
+
     # -- the loop -----------------------------------------------------------------------------
     def __init__(
         self,
@@ -116,12 +127,14 @@ class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
                 disable_dropout(agent.model)
         self.model_names = [model_name(agent_model or agent) for agent in self.agents]
         self.eval_dataset = eval_dataset
-        self.generation_backend: GenerationBackend = make_backend(args.generation_backend)
-        """Any ``GenerationBackend``; ``sync(agents)`` runs after every update."""
         self.evaluator = Evaluator(
-            eval_env(self.spec, eval_dataset), self.agents, self.generation_backend, self.parallel,
-            None if self.spec is None else self.spec.early_termination_threshold, self.num_turns,
-        )  # fmt: skip
+            eval_env(self.spec, eval_dataset),
+            self.agents,
+            make_backend(args.generation_backend),
+            self.parallel,
+            None if self.spec is None else self.spec.early_termination_threshold,
+            self.num_turns,
+        )
         self.start_state(self._sample_seed())
         self.run_id = new_run_id()
         self.run_dir = Path(args.output_dir or default_run_dir(self.algorithm, self.run_id))

@@ -232,18 +232,16 @@ def test_the_counting_backend_counts_training_and_eval_tokens_apart() -> None:
     assert ticks == [5] and counter.inner.synced == 1 and counter.eval_started is not None
 
 
-def test_the_counting_wrapper_reaches_training_and_an_evaluator_holding_the_backend() -> None:
+def test_the_counting_wrapper_is_the_backend_training_and_evaluation_read(tmp_path) -> None:
+    from test_magrpo_trainer import make_trainer
+
     from cmlrl_agents.cli.experiment_runs import _count_generation
 
-    backend = object()
-    trainer = SimpleNamespace(
-        generation_backend=backend, evaluator=SimpleNamespace(backend=backend)
-    )
-    counter = _count_generation(trainer, SimpleNamespace(tick=print, eval_tick=print))
+    trainer = make_trainer(tmp_path)
+    backend = trainer.generation_backend
+    counter = _count_generation(trainer, SimpleNamespace(tick=None, eval_tick=None))
     assert trainer.generation_backend is counter and trainer.evaluator.backend is counter
     assert counter.inner is backend
-    plain = SimpleNamespace(generation_backend=backend)
-    assert _count_generation(plain, SimpleNamespace(tick=None, eval_tick=None)).inner is backend
 
 
 def test_the_pilot_benchmark_times_a_trained_and_an_untrained_run(

@@ -11,7 +11,7 @@ import torch
 
 from cmlrl_agents import MADPOConfig, MADPOIterConfig, MADPOTrainer
 from cmlrl_agents.algorithms.preference_pairs import load_pairs, save_pairs
-from cmlrl_agents.testing import tiny_agent
+from cmlrl_agents.testing import SyncRecorder, tiny_agent
 from cmlrl_env import tasks
 
 FORMATTERS = [tasks.brief_formatter, tasks.detailed_formatter]
@@ -242,3 +242,11 @@ def test_pairs_are_sampled_with_each_agents_settings_through_the_trainers_backen
     trainer.build_pairs(0)
     assert {(a, t, k) for a, t, k, _ in seen} == {(0, 0.5, 50), (1, 1.3, 7)}
     assert all(keys is not None for *_, keys in seen)  # drawn from the run's pair keys
+
+
+def test_each_round_generates_after_the_backend_synced_the_last_rounds_update(tmp_path):
+    trainer = make_trainer(tmp_path, num_iterations=2, eval_interval=0)
+    trainer.generation_backend = spy = SyncRecorder(trainer.generation_backend)
+    trainer.train()
+    # Round 0's pairs before any update, round 1's after round 0's sync; one sync per round.
+    assert sorted(set(spy.calls)) == [0, 1] and spy.syncs == 2

@@ -20,7 +20,13 @@ from cmlrl_agents import (
 from cmlrl_agents.algorithms.preference_pairs import load_pairs
 from cmlrl_agents.policies.reference import BaseWithoutAdapters
 from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
-from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_reward_model, tiny_tokenizer
+from cmlrl_agents.testing import (
+    SyncRecorder,
+    tiny_agent,
+    tiny_model,
+    tiny_reward_model,
+    tiny_tokenizer,
+)
 from cmlrl_env import TaskSpec, tasks
 
 FORMATTERS = [tasks.brief_formatter, tasks.detailed_formatter]
@@ -225,3 +231,15 @@ def test_adapter_agents_train_in_the_rl_phase_over_one_base_and_the_reward_model
             tiny_model(len(tokenizer), 0), tmp_path / "saved" / agent.adapter
         )
         torch.testing.assert_close(sequence_logprobs(loaded, batch), agent.score(batch).detach())
+
+
+def test_the_pairs_and_the_rl_phase_generate_through_one_backend_with_marlhfs_settings(tmp_path):
+    trainer = make_trainer(tmp_path / "run", num_iterations=2, temperature=0.9, eval_interval=0)
+    trainer.generation_backend = spy = SyncRecorder(trainer.generation_backend)
+    assert trainer.rl_trainer.generation_backend is spy
+    assert trainer.rl_trainer.args.temperature == 0.9  # rl_args left it at its default
+    trainer.train()
+    # Round 1's pairs come after round 0's RL updates, each followed by a sync.
+    assert spy.calls[0] == 0 and spy.syncs > 0 and spy.calls[-1] > 0
+    with pytest.raises(ValueError, match=r"rl_args.temperature=0.7 differs from temperature=0.9"):
+        MARLHFConfig(temperature=0.9, rl_args=MAGRPOConfig(temperature=0.7))
