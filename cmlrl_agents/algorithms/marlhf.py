@@ -63,7 +63,8 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
     The team and task as for every trainer (``**team``: ``agent_model=`` or ``agents=``,
     ``peft_config=`` for adapter agents, ``train_dataset``, ``formatters``, ``reward_func``,
     ... or ``task=`` / ``env=``). ``reward_model``: a :class:`PreferenceRewardModel`, or a hub
-    id / folder loaded as one on ``args.reward_model_device``; None loads ``agent_model`` (a
+    id / folder loaded as one on ``args.reward_model_device`` with ``args.forward_batch_size``
+    (a given one keeps its own); None loads ``agent_model`` (a
     str) with a new score head: always a model of its own, never the agents' base.
     ``rl_options``: the RL trainer's own keyword arguments, e.g. ``{"critic_model": ...}``
     for IAC/MAAC or ``{"eval_logger": ..., "eval_aggregator": ...}`` for the MAGRPO family.
@@ -128,7 +129,10 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
                 "folder (or agent_model as a str, whose backbone gets a new score head)."
             )
         return PreferenceRewardModel.from_pretrained(
-            source, device=self.args.reward_model_device, max_length=self.args.reward_max_length
+            source,
+            device=self.args.reward_model_device,
+            max_length=self.args.reward_max_length,
+            forward_batch_size=self.args.forward_batch_size,
         )
 
     def _rl_trainer(self, options: dict[str, Any]) -> TeamTrainer[Any, Any]:
@@ -253,6 +257,9 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
             batch_size=args.reward_batch_size,
             max_grad_norm=args.max_grad_norm,
             seed=_round_seed(args.seed, round_index),
+            weight_decay=args.weight_decay,
+            lr_scheduler_type=args.lr_scheduler_type,
+            warmup_steps=args.warmup_steps,
         )
         metrics["reward_model/replay_pairs"] = float(len(replay))
         self.logger.log_now(metrics, self.env_step)

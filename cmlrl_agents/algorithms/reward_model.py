@@ -26,6 +26,7 @@ from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.functional.preference_losses import bradley_terry_loss, pair_accuracy
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
 from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.schedules import make_schedulers
 from cmlrl_agents.runs.distributed import data_parallel
 
 __all__ = ["PreferenceRewardModel", "joint_text", "split_pairs"]
@@ -68,7 +69,15 @@ class PreferenceRewardModel:
         *,
         device: str | torch.device | None = None,
         max_length: int | None = 512,
+        forward_batch_size: int | None = None,
     ) -> None:
+        if forward_batch_size is not None and (
+            isinstance(forward_batch_size, bool) or forward_batch_size < 1
+        ):
+            raise ValueError(
+                f"forward_batch_size={forward_batch_size!r} must be a positive number of texts "
+                "per forward pass, or None (all at once)."
+            )
         labels = getattr(getattr(model, "config", None), "num_labels", None)
         if labels != 1:
             raise ValueError(
@@ -87,6 +96,9 @@ class PreferenceRewardModel:
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.forward_batch_size = forward_batch_size
+        """Texts per forward pass when scoring (None: all at once); :meth:`fit` backpropagates
+        half as many pairs at a time (their two texts each), adding up the step's gradients."""
         self._frozen: list[torch.nn.Parameter] = []
         """The parameters :meth:`freeze` froze, which :meth:`unfreeze` makes trainable again."""
 
@@ -116,10 +128,15 @@ class PreferenceRewardModel:
         return ids.to(self.device), mask.to(self.device)
 
     def score(self, texts: Sequence[str]) -> Tensor:
-        """``[B]`` scores of ``texts`` (differentiable unless called under ``no_grad``)."""
-        ids, mask = self._batch(texts)
-        logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
-        return logits[:, 0].float()
+        """``[B]`` scores of ``texts`` (differentiable unless called under ``no_grad``), one
+        forward of ``forward_batch_size`` texts at a time."""
+        size = self.forward_batch_size or max(len(texts), 1)
+        parts = []
+        for start in range(0, len(texts), size):
+            ids, mask = self._batch(texts[start : start + size])
+            logits: Tensor = self.model(input_ids=ids, attention_mask=mask).logits
+            parts.append(logits[:, 0].float())
+        return torch.cat(parts) if parts else torch.zeros(0, device=self.device)
 
     def __call__(
         self, *completions: list[str], batch_items: Sequence[Mapping[str, Any]] | None = None
@@ -159,17 +176,32 @@ class PreferenceRewardModel:
         batch_size: int = 8,
         max_grad_norm: float | None = 1.0,
         seed: int | None = None,
+        weight_decay: float = 0.0,
+        lr_scheduler_type: str = "constant",
+        warmup_steps: int = 0,
     ) -> dict[str, float]:
-        """Bradley-Terry training; returns ``reward_model/loss`` (last epoch's mean),
-        ``reward_model/train_accuracy`` and, with ``eval_pairs``, ``reward_model/eval_accuracy``
-        (held-out pairs, before: ``reward_model/eval_accuracy_before``)."""
+        """Bradley-Terry training, ``batch_size`` pairs per optimizer step (scored
+        ``forward_batch_size`` pairs per forward), with AdamW at ``weight_decay`` and the
+        ``lr_scheduler_type`` / ``warmup_steps`` schedule over this fit's steps; returns
+        ``reward_model/loss`` (last epoch's mean), ``reward_model/train_accuracy`` and, with
+        ``eval_pairs``, ``reward_model/eval_accuracy`` (held-out pairs, before:
+        ``reward_model/eval_accuracy_before``).
+
+        Each fit starts a fresh optimizer and schedule from the current weights, so the
+        weights are the whole state between fits (a resumed MARLHF run fits as an
+        uninterrupted one)."""
         if not train_pairs:
             raise ValueError("fit needs at least one training pair.")
         metrics = {}
         if eval_pairs:
             metrics["reward_model/eval_accuracy_before"] = self.accuracy(eval_pairs)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = make_adamw(params, learning_rate, "reward_model")
+        optimizer = make_adamw(params, learning_rate, "reward_model", weight_decay)
+        steps = epochs * -(-len(train_pairs) // batch_size)
+        schedulers = make_schedulers(
+            {"reward_model": optimizer}, lr_scheduler_type, warmup_steps, steps
+        )
+        per_forward = -(-self.forward_batch_size // 2) if self.forward_batch_size else None
         parallel = data_parallel()
         engine = StepEngine(parallel)
         rng = random.Random(seed)
@@ -181,15 +213,17 @@ class PreferenceRewardModel:
                 window = order[start : start + batch_size]
                 # Under torchrun each rank scores its block of the step's pairs.
                 mine = parallel.shard(window, len(window))
+                size = per_forward or max(len(mine), 1)
                 plan = StepPlan(
                     optimizers={"reward_model": optimizer},
-                    chunks=[mine] if mine else [],
+                    chunks=[mine[i : i + size] for i in range(0, len(mine), size)],
                     count=lambda chunk: {"pairs": float(len(chunk))},
                     loss=self._chunk_loss,
                     count_keys=["pairs"],
                     sum_keys=["loss"],
                 )
-                losses.append(engine.step(plan, max_grad_norm=max_grad_norm).stats["loss"])
+                result = engine.step(plan, max_grad_norm=max_grad_norm, schedulers=schedulers)
+                losses.append(result.stats["loss"])
             metrics["reward_model/loss"] = sum(losses) / len(losses)
         self.model.eval()
         metrics["reward_model/train_accuracy"] = self.accuracy(train_pairs)

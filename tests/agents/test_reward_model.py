@@ -101,3 +101,46 @@ def test_a_model_with_more_than_one_output_is_refused():
     tokenizer = tiny_tokenizer()
     with pytest.raises(ValueError, match="num_labels=1"):
         PreferenceRewardModel(tiny_model(len(tokenizer)), tokenizer)
+
+
+def weights(model: PreferenceRewardModel) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.model.named_parameters()}
+
+
+def test_forward_batch_size_bounds_each_forward_and_changes_no_number():
+    pairs = synthetic_pairs(6, seed=4)
+    whole, chunked = reward_model(), reward_model()
+    chunked.forward_batch_size = 2
+    sizes: list[int] = []
+    chunked.model.register_forward_pre_hook(
+        lambda m, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    fits = [m.fit(pairs, learning_rate=1e-2, batch_size=6, seed=0) for m in (whole, chunked)]
+    assert fits[0]["reward_model/loss"] == pytest.approx(fits[1]["reward_model/loss"], rel=1e-5)
+    assert sizes and max(sizes) == 2  # every forward of the fit and the accuracies: 2 texts
+    for name, value in weights(whole).items():  # Adam's first step divides by |g|: float noise
+        torch.testing.assert_close(weights(chunked)[name], value, rtol=1e-4, atol=1e-4)
+    texts = [joint_text(p.chosen, p.item) for p in pairs]
+    torch.testing.assert_close(whole.score(texts), chunked.score(texts), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="forward_batch_size=0 must be a positive number"):
+        PreferenceRewardModel(tiny_reward_model(99), tiny_tokenizer(), forward_batch_size=0)
+
+
+def test_fit_applies_weight_decay_and_the_warmup_schedule():
+    pairs = synthetic_pairs(4, seed=5)  # one step of 4 pairs
+    start = reward_model()
+    before = weights(start)
+    warm = copy.deepcopy(start)
+    warm.fit(pairs, learning_rate=1e-2, batch_size=4, warmup_steps=1, seed=0)
+    for name, value in weights(warm).items():  # the first step of a warmup is at lr 0
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    plain, decayed = copy.deepcopy(start), copy.deepcopy(start)
+    plain.fit(pairs, learning_rate=1e-2, batch_size=4, seed=0, max_grad_norm=None)
+    decayed.fit(
+        pairs, learning_rate=1e-2, batch_size=4, seed=0, max_grad_norm=None, weight_decay=0.5
+    )
+    # AdamW's decoupled decay: the same Adam step, plus -lr * wd * p of the weights before it.
+    for name, value in weights(decayed).items():
+        torch.testing.assert_close(
+            value - weights(plain)[name], -1e-2 * 0.5 * before[name], rtol=1e-4, atol=1e-7
+        )
