@@ -36,7 +36,12 @@ from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metr
 from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import make_adamw
-from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep, policy_metrics
+from cmlrl_agents.learning.policy_step import (
+    OldScores,
+    PolicyObjective,
+    PolicyStep,
+    policy_metrics,
+)
 from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.reference import kl_turn_means
@@ -217,7 +222,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
             int(self.parallel.sum(len(batch.tree.items))), args.items_per_step
         )
         stale = len(windows) * args.ppo_epochs > 1
-        old = {}
+        old: dict[int, OldScores] = {}
         if stale:  # the config asks for ppo_clip_range then
             for group in self.actor_groups():
                 mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
@@ -236,7 +241,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         step: PolicyStep,
         rows: tuple[PolicyRow, ...],
         chosen: set[int],
-        old: dict[int, torch.Tensor] | None,
+        old: dict[int, OldScores] | None,
         per_step: dict[str, list[float]],
     ) -> None:
         for group in self.actor_groups():

@@ -39,6 +39,7 @@ from cmlrl_agents.learning.engine import ChunkLoss, StepPlan
 from cmlrl_agents.policies.adapters import JointPass, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.reference import Reference
+from cmlrl_agents.policies.sampling import Truncation
 from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 from cmlrl_agents.runs.config import SharedConfig
@@ -61,6 +62,9 @@ class PolicyObjective:
     """PPO's clip of the ratio to the rows' log-probs before the round (stale rows only)."""
     tis_cap: float | None = None
     """None: the sampler is the trainer's model; else rows carry the sampler's log-probs."""
+    truncations: tuple[tuple[int | None, float], ...] = ()
+    """Each agent's ``(top_k, top_p)``: with ``tis_cap``, the trainer's log-probs that the
+    sampler's are compared with are those of the same truncated distribution."""
     prefix_sharing: bool = False
     entropy: bool = True
     value_loss_coef: float = 0.0
@@ -79,8 +83,10 @@ class PolicyObjective:
         """The objective of a config: every agent's sampling temperature, the KL term when the
         learner has references (``kl_coef`` None: none), truncated importance weights when vLLM
         samples; ``settings`` sets the other fields."""
+        sampling = [args.sampling_for(a) for a in range(num_agents)]
         return cls(
-            temperatures=tuple(args.sampling_for(a).temperature for a in range(num_agents)),
+            temperatures=tuple(s.temperature for s in sampling),
+            truncations=tuple((s.top_k, s.top_p) for s in sampling),
             kl_coef=0.0 if kl_coef is None else kl_coef,
             clip_range=clip_range,
             tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
@@ -146,7 +152,7 @@ class PolicyStep:
         optimizers: Mapping[str, torch.optim.Optimizer],
         *,
         chunk_size: int | None,
-        old: Mapping[int, Tensor] | None = None,
+        old: Mapping[int, OldScores] | None = None,
         heads: Sequence[ValueModel | None] | None = None,
     ) -> StepPlan[list[Entry]]:
         """One step of ``group`` over the rows ``window[k]`` (indices into ``rows``) of its
@@ -192,6 +198,10 @@ class PolicyStep:
         refs, obj = self.references, self.objective
         temps = [obj.temperatures[group[k]] for k, _ in chunk]
         temperature: Temperature = temps[0] if len(set(temps)) == 1 else torch.tensor(temps)
+        truncation = None
+        if obj.tis_cap is not None:
+            settings = [obj.truncations[group[k]] for k, _ in chunk]
+            truncation = Truncation.of(settings, self.agents[group[0]].device)
         return joint_pass(
             [self.agents[a] for a in group],
             [k for k, _ in chunk],
@@ -204,17 +214,22 @@ class PolicyStep:
             prefix_sharing=obj.prefix_sharing and heads is None,
             temperature=temperature,
             entropy=obj.entropy,
+            truncation=truncation,
         )
 
     def old_logprobs(
-        self, group: Sequence[int], rows: Sequence[PolicyRow], indices: Sequence[Sequence[int]],
+        self,
+        group: Sequence[int],
+        rows: Sequence[PolicyRow],
+        indices: Sequence[Sequence[int]],
         chunk_size: int | None,
-    ) -> dict[int, Tensor]:  # fmt: skip
+    ) -> dict[int, OldScores]:
         """Each row's completion log-probs under the current policy, without gradient: taken
-        before a round's first step, they are the rows' "old" policy for the later steps."""
+        before a round's first step, they are the rows' "old" policy for the later steps (and,
+        with a separate sampler, the truncated distribution its weights compare with)."""
         flat = [(k, i) for k, rows_k in enumerate(indices) for i in rows_k]
         size = chunk_size or max(len(flat), 1)
-        out: dict[int, Tensor] = {}
+        out: dict[int, OldScores] = {}
         for a in group:
             self.agents[a].model.train()
         with torch.no_grad():
@@ -222,8 +237,12 @@ class PolicyStep:
                 chunk = flat[s : s + size]
                 scored = self.score(group, rows, chunk)
                 mask = scored.batch.completion_mask.bool()
-                for (_, i), lp, m in zip(chunk, scored.logprobs, mask, strict=True):
-                    out[i] = lp[m]
+                truncated = scored.sampler_logprobs
+                for b, ((_, i), m) in enumerate(zip(chunk, mask, strict=True)):
+                    out[i] = OldScores(
+                        logprobs=scored.logprobs[b][m],
+                        sampler_logprobs=None if truncated is None else truncated[b][m],
+                    )
         return out
 
     def _loss(
@@ -232,7 +251,7 @@ class PolicyStep:
         rows: Sequence[PolicyRow],
         chunk: list[Entry],
         totals: Mapping[str, float],
-        old: Mapping[int, Tensor] | None,
+        old: Mapping[int, OldScores] | None,
         heads: Sequence[ValueModel | None] | None,
     ) -> ChunkLoss:
         for a in group:
@@ -262,7 +281,7 @@ class PolicyStep:
         a: int,
         ctx: _AgentRows,
         totals: Mapping[str, float],
-        old: Mapping[int, Tensor] | None,
+        old: Mapping[int, OldScores] | None,
         sums: dict[str, Tensor],
         maxima: dict[str, Tensor],
     ) -> Tensor:
@@ -270,11 +289,17 @@ class PolicyStep:
         lp, mask = ctx.logprobs, ctx.mask
         device = lp.device
         adv = torch.tensor([r.advantage for r in ctx.picked], device=device, dtype=lp.dtype)
-        old_lp = None if old is None else _placed([old[i] for i in ctx.indices], mask)
+        old_lp = None if old is None else _placed([old[i].logprobs for i in ctx.indices], mask)
         weights = None
         if obj.tis_cap is not None:
             sampler = [torch.tensor(r.sampler_logprobs or (), device=device) for r in ctx.picked]
-            base = lp.detach() if old_lp is None else old_lp
+            # The trainer's probability of each token under the sampler's own truncated
+            # distribution, at the weights that sampled (before the round when it is stale).
+            if old is None:
+                assert ctx.sampler_logprobs is not None, "score() passes the truncation"
+                base = ctx.sampler_logprobs
+            else:
+                base = _placed([old[i].truncated() for i in ctx.indices], mask)
             weights = truncated_is_weights(base, _placed(sampler, mask), mask, obj.tis_cap)
             sums[f"agent_{a}/is_weight_sum"] = torch.where(mask, weights, 0.0).sum()
             maxima[f"agent_{a}/is_weight_max"] = torch.where(mask, weights, 0.0).max()
@@ -347,6 +372,22 @@ class _AgentRows:
         self.mask = scored.batch.completion_mask[self.selector].bool()
         self.reference = None if scored.reference is None else scored.reference[self.selector]
         self.entropy = None if scored.entropy is None else scored.entropy[self.selector]
+        truncated = scored.sampler_logprobs
+        self.sampler_logprobs = None if truncated is None else truncated[self.selector]
+
+
+@dataclass(frozen=True)
+class OldScores:
+    """A stale row's completion log-probs from before the round, and (with a separate sampler)
+    its log-probs under the truncated sampling distribution then."""
+
+    logprobs: Tensor
+    sampler_logprobs: Tensor | None = None
+
+    def truncated(self) -> Tensor:
+        if self.sampler_logprobs is None:
+            raise ValueError("these old scores were taken without the sampler's truncation")
+        return self.sampler_logprobs
 
 
 def _placed(values: Sequence[Tensor], mask: Tensor) -> Tensor:

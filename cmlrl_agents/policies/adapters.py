@@ -24,6 +24,7 @@ from torch import nn
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.model_setup import LOW_PRECISION, active_dropout
 from cmlrl_agents.policies.reference import Reference, reference_logprobs
+from cmlrl_agents.policies.sampling import Truncation
 from cmlrl_agents.policies.tokens import Temperature, TokenBatch, build_batch
 
 if TYPE_CHECKING:
@@ -177,6 +178,9 @@ class JointPass:
     """Per row: the position of its agent in the group that was scored."""
     entropy: torch.Tensor | None = None
     """Per token the policy's entropy (detached), when the pass was asked for it."""
+    sampler_logprobs: torch.Tensor | None = None
+    """Per token its log-prob under the rows' truncated sampling distribution (detached), when
+    the pass was given their ``truncation``."""
 
     def rows(self, k: int) -> list[int]:
         """The rows of the group's ``k``-th agent."""
@@ -194,6 +198,7 @@ def joint_pass(
     prefix_sharing: bool = False,
     temperature: Temperature = 1.0,
     entropy: bool = False,
+    truncation: Truncation | None = None,
 ) -> JointPass:
     """Score rows of ``agents`` (one agent, or adapter agents of one base from
     :func:`joint_groups`) in one policy forward, row b under ``agents[owners[b]]``: a plain pass
@@ -202,7 +207,7 @@ def joint_pass(
     the rows first, in its own pass; ``policy_context`` is entered around the policy forward
     only (a value head capturing the trunk's hidden states); ``prefix_sharing``,
     ``temperature`` (the rows' sampling temperature, one or one per row; the reference reads at
-    it too) and ``entropy`` go to :meth:`LLMAgent.score_tokens`."""
+    it too), ``entropy`` and ``truncation`` go to :meth:`LLMAgent.score_tokens`."""
     lead = agents[0]
     batch = build_batch(prompt_ids, completion_ids, lead.pad_token_id).to(lead.device)
     ref = None
@@ -216,7 +221,18 @@ def joint_pass(
     names = None if len(agents) == 1 else [str(agents[k].adapter) for k in owners]
     with policy_context or nullcontext():
         scores = lead.score_tokens(
-            batch, adapter_names=names, prefix_sharing=prefix_sharing, temperature=temperature,
+            batch,
+            adapter_names=names,
+            prefix_sharing=prefix_sharing,
+            temperature=temperature,
             entropy=entropy,
-        )  # fmt: skip
-    return JointPass(batch, scores.logprobs, ref, tuple(owners), scores.entropy)
+            truncation=truncation,
+        )
+    return JointPass(
+        batch=batch,
+        logprobs=scores.logprobs,
+        reference=ref,
+        owners=tuple(owners),
+        entropy=scores.entropy,
+        sampler_logprobs=scores.sampler_logprobs,
+    )

@@ -30,7 +30,7 @@ from cmlrl_agents.policies.model_setup import (
     only_our_generation_settings,
 )
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
-from cmlrl_agents.policies.sampling import SamplingConfig
+from cmlrl_agents.policies.sampling import SamplingConfig, Truncation
 from cmlrl_agents.policies.tokens import (
     Temperature,
     TokenBatch,
@@ -331,13 +331,20 @@ class LLMAgent:
         prefix_sharing: bool = False,
         temperature: Temperature = 1.0,
         entropy: bool = False,
+        truncation: Truncation | None = None,
     ) -> TokenScores:
         """Completion log-probs (and entropies) of a built batch (the learners' one scoring
         call) under this agent's adapter, prefix-shared or not (``prefix_scoring.py``), or each
         row under its own (``adapter_names``: a mixed-adapter pass, in eval mode as peft
-        requires), at the sampling ``temperature`` (one, or one per row)."""
+        requires), at the sampling ``temperature`` (one, or one per row); with the rows'
+        ``truncation``, also their log-probs under the truncated sampling distribution."""
         score = scorer(prefix_sharing)
-        kwargs: dict[str, Any] = {"chunk": chunk, "temperature": temperature, "entropy": entropy}
+        kwargs: dict[str, Any] = {
+            "chunk": chunk,
+            "temperature": temperature,
+            "entropy": entropy,
+            "truncation": truncation,
+        }
         if adapter_names is None:
             self.activate()
             return score(self.model, batch, **kwargs)

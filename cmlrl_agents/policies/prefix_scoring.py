@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
 from cmlrl_agents.policies.model_methods import base_model
+from cmlrl_agents.policies.sampling import Truncation
 from cmlrl_agents.policies.tokens import (
     Temperature,
     TokenBatch,
@@ -179,6 +180,7 @@ def prefix_shared_scores(
     adapter_names: Sequence[str] | None = None,
     temperature: Temperature = 1.0,
     entropy: bool = False,
+    truncation: Truncation | None = None,
 ) -> TokenScores:
     """Per-token scores of ``batch`` like :func:`~cmlrl_agents.policies.tokens.sequence_scores`
     (same arguments, same result), each distinct prompt (of each adapter, with
@@ -188,9 +190,14 @@ def prefix_shared_scores(
     groups = prompt_groups(batch, adapter_names)
     if not groups.shares:
         return sequence_scores(
-            model, batch, chunk=chunk, adapter_names=adapter_names, temperature=temperature,
+            model,
+            batch,
+            chunk=chunk,
+            adapter_names=adapter_names,
+            temperature=temperature,
             entropy=entropy,
-        )  # fmt: skip
+            truncation=truncation,
+        )
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
     if min(groups.prompt_len) < 1:
@@ -201,12 +208,17 @@ def prefix_shared_scores(
     _check_vocab(model, batch.input_ids, batch.max_token)
     device = batch.input_ids.device
     temps = row_temperatures(temperature, len(groups.group), device)
-    out, ent_out = _shared_scores(model, batch, groups, chunk, temps, entropy)
+    shared = _shared_scores(model, batch, groups, chunk, temps, entropy, truncation)
     # where(), not multiply: whatever sits off the mask must not leak in as NaN.
     mask = batch.completion_mask.bool()
+
+    def masked(values: Tensor | None) -> Tensor | None:
+        return None if values is None else torch.where(mask, values, torch.zeros_like(values))
+
     return TokenScores(
-        torch.where(mask, out, torch.zeros_like(out)),
-        None if ent_out is None else torch.where(mask, ent_out, torch.zeros_like(ent_out)),
+        logprobs=torch.where(mask, shared.logprobs, torch.zeros_like(shared.logprobs)),
+        entropy=masked(shared.entropy),
+        sampler_logprobs=masked(shared.sampler_logprobs),
     )
 
 
@@ -217,9 +229,11 @@ def _shared_scores(
     chunk: int | None,
     temps: Tensor | None,
     entropy: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """``[B, L]`` log-probs (and entropies) of the completions: the first token of each from
-    its prompt's pass, the rest from one pass over the gathered prompt cache."""
+    truncation: Truncation | None,
+) -> TokenScores:
+    """``[B, L]`` log-probs (entropies, truncated log-probs) of the completions: the first
+    token of each from its prompt's pass, the rest from one pass over the gathered prompt
+    cache."""
     device = batch.input_ids.device
     ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id
     first_logits, cache = _forward(
@@ -228,31 +242,34 @@ def _shared_scores(
     )  # fmt: skip
     group = torch.tensor(groups.group, device=device)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
-    ent_out = torch.zeros_like(out) if entropy else None
+    wanted = {"logprobs": True, "entropy": entropy, "sampler_logprobs": truncation is not None}
+    full = {name: out.clone() for name, on in wanted.items() if on}
     rows = torch.arange(len(groups.group), device=device)
     start = torch.tensor(groups.prompt_len, device=device)
     has = torch.tensor(
         [n > p for n, p in zip(groups.length, groups.prompt_len, strict=True)], device=device
     )
     first_target = batch.input_ids[rows, start.clamp(max=batch.input_ids.shape[1] - 1)]
-    first_lp, first_ent = _gather_logprobs(
-        first_logits[group], first_target.unsqueeze(1), chunk, temps, entropy
+    first = _gather_logprobs(
+        first_logits[group], first_target.unsqueeze(1), chunk, temps, entropy, truncation
     )
-    out[rows[has], start[has]] = first_lp[:, 0][has]
-    if ent_out is not None and first_ent is not None:
-        ent_out[rows[has], start[has]] = first_ent[:, 0][has]
+    for name, values in full.items():
+        values[rows[has], start[has]] = getattr(first, name)[:, 0][has]
     cont_len = max(n - p for n, p in zip(groups.length, groups.prompt_len, strict=True)) - 1
     if cont_len > 0:
-        rest, rest_ent = _continuation_logprobs(
-            model, batch, groups, cache, attn, group, cont_len, chunk, temps, entropy
+        rest = _continuation_logprobs(
+            model, batch, groups, cache, attn, group, cont_len, chunk, temps, entropy, truncation
         )
         cols = start.unsqueeze(1) + 1 + torch.arange(cont_len, device=device)
         valid = cols < torch.tensor(groups.length, device=device).unsqueeze(1)
         where = (rows.unsqueeze(1).expand_as(cols)[valid], cols[valid])
-        out[where] = rest[valid]
-        if ent_out is not None and rest_ent is not None:
-            ent_out[where] = rest_ent[valid]
-    return out, ent_out
+        for name, values in full.items():
+            values[where] = getattr(rest, name)[valid]
+    return TokenScores(
+        logprobs=full["logprobs"],
+        entropy=full.get("entropy"),
+        sampler_logprobs=full.get("sampler_logprobs"),
+    )
 
 
 def _continuation_logprobs(
@@ -266,8 +283,9 @@ def _continuation_logprobs(
     chunk: int | None,
     temps: Tensor | None,
     entropy: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """``[B, cont_len]``: log-probs (and entropies) of completion tokens 1.. of each row, from
+    truncation: Truncation | None,
+) -> TokenScores:
+    """``[B, cont_len]``: log-probs (and the rest) of completion tokens 1.. of each row, from
     one forward of tokens 0..cont_len-1 over the prompt cache gathered to one row per
     completion."""
     device = batch.input_ids.device
@@ -287,7 +305,7 @@ def _continuation_logprobs(
         attention_mask=torch.cat([prompt_attn[group], attn], dim=1),
         position_ids=positions, cache=cache,
     )  # fmt: skip
-    return _gather_logprobs(logits, ids[:, 1:], chunk, temps, entropy)
+    return _gather_logprobs(logits, ids[:, 1:], chunk, temps, entropy, truncation)
 
 
 def shared_prompt_cache(

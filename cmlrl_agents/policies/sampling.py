@@ -23,7 +23,15 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
-__all__ = ["CandidateSampler", "SamplingConfig", "candidates", "keyed_uniforms", "row_key"]
+__all__ = [
+    "CandidateSampler",
+    "SamplingConfig",
+    "Truncation",
+    "candidates",
+    "keyed_uniforms",
+    "row_key",
+    "truncated_logprobs",
+]
 
 
 def candidates(
@@ -46,6 +54,48 @@ def candidates(
         keep[..., 0] = True
         probs = probs * keep
     return probs, ids
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Each row's top-k and top-p, the truncation its sampler applied after the temperature:
+    ``top_k`` ``[B]`` (0: none) and ``top_p`` ``[B]`` (1.0: none)."""
+
+    top_k: Tensor
+    top_p: Tensor
+
+    @classmethod
+    def of(cls, settings: list[tuple[int | None, float]], device: torch.device) -> Truncation:
+        """From ``(top_k, top_p)`` per row."""
+        return cls(
+            torch.tensor([k or 0 for k, _ in settings], device=device),
+            torch.tensor([p for _, p in settings], device=device, dtype=torch.float32),
+        )
+
+
+def truncated_logprobs(scaled: Tensor, targets: Tensor, truncation: Truncation) -> Tensor:
+    """``[B, L]`` log-probs of ``targets`` under the distribution each row's sampler drew from:
+    the softmax of ``scaled`` (logits already divided by the temperature, ``[B, L, V]``) cut to
+    its top-k, then to the smallest set of most likely tokens whose mass reaches top-p (as
+    :func:`candidates`), renormalised; ``-inf`` for a token outside that set. vLLM reports
+    these for its draws (``logprobs_mode="processed_logprobs"``), so the trainer's own are what
+    its truncated importance weights compare them with. No gradient."""
+    with torch.no_grad():
+        logp = scaled.float().log_softmax(dim=-1)
+        ordered = logp.sort(dim=-1, descending=True).values
+        vocab = ordered.shape[-1]
+        k = torch.where(truncation.top_k > 0, truncation.top_k, vocab).clamp(max=vocab)
+        rank = torch.arange(vocab, device=logp.device)
+        in_k = rank.view(1, 1, -1) < k.view(-1, 1, 1)
+        top = torch.where(in_k, ordered, -torch.inf)
+        probs = torch.softmax(top, dim=-1)  # the top-k, renormalised
+        keep = in_k & ((probs.cumsum(dim=-1) - probs) < truncation.top_p.view(-1, 1, 1))
+        keep[..., 0] = True  # the most likely token always stays
+        kept = torch.where(keep, ordered, -torch.inf)
+        smallest = torch.where(keep, ordered, torch.inf).amin(dim=-1)
+        target = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        inside = target - kept.logsumexp(dim=-1)
+        return torch.where(target >= smallest, inside, -torch.inf)
 
 
 _MASK64 = (1 << 64) - 1

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from cmlrl_agents.policies.model_methods import base_model, input_embeddings
+from cmlrl_agents.policies.sampling import Truncation, truncated_logprobs
 
 __all__ = [
     "Temperature",
@@ -233,6 +234,10 @@ class TokenScores:
 
     logprobs: Tensor
     entropy: Tensor | None = None
+    sampler_logprobs: Tensor | None = None
+    """When the pass was given the rows' ``Truncation``: each token's log-prob under the
+    truncated distribution its sampler drew from (detached; ``-inf`` for a token outside it;
+    0 off the mask)."""
 
 
 def row_temperatures(temperature: Temperature, rows: int, device: torch.device) -> Tensor | None:
@@ -259,12 +264,14 @@ def _gather_logprobs(
     chunk: int | None,
     temperature: Tensor | None = None,
     entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
+    truncation: Truncation | None = None,
+) -> TokenScores:
     """``log_softmax(logits / T)[..., target]`` as ``target_logit - logsumexp``, ``chunk``
     positions at a time so the float32 copy of ``[B, chunk, V]`` is the largest temporary; with
-    ``entropy`` also each position's entropy (no gradient)."""
+    ``entropy`` also each position's entropy, with ``truncation`` each target's log-prob under
+    the truncated sampling distribution (both without gradient)."""
     step = chunk or max(logits.shape[1], 1)
-    pieces, entropies = [], []
+    pieces, entropies, truncated = [], [], []
     for start in range(0, logits.shape[1], step):
         part = logits[:, start : start + step].float()
         if temperature is not None:
@@ -275,10 +282,18 @@ def _gather_logprobs(
         if entropy:
             with torch.no_grad():
                 entropies.append(lse - (torch.softmax(part, dim=-1) * part).sum(dim=-1))
+        if truncation is not None:
+            truncated.append(truncated_logprobs(part, target.squeeze(-1), truncation))
     if not pieces:
         empty = logits.new_zeros(targets.shape, dtype=torch.float32)
-        return empty, (empty.clone() if entropy else None)
-    return torch.cat(pieces, dim=1), (torch.cat(entropies, dim=1) if entropy else None)
+        return TokenScores(
+            empty, empty.clone() if entropy else None, empty.clone() if truncation else None
+        )
+    return TokenScores(
+        torch.cat(pieces, dim=1),
+        torch.cat(entropies, dim=1) if entropy else None,
+        torch.cat(truncated, dim=1) if truncation is not None else None,
+    )
 
 
 def sequence_scores(
@@ -289,6 +304,7 @@ def sequence_scores(
     adapter_names: Sequence[str] | None = None,
     temperature: Temperature = 1.0,
     entropy: bool = False,
+    truncation: Truncation | None = None,
 ) -> TokenScores:
     """Per-token log-probabilities (and entropies) of ``batch.input_ids`` under ``model`` at
     ``temperature``, from one forward.
@@ -307,6 +323,8 @@ def sequence_scores(
         adapter_names: one peft adapter per row (a mixed-adapter batch of a shared base).
         temperature: the sampling temperature, one for all rows or a ``[B]`` tensor.
         entropy: also return each position's entropy (diagnostics).
+        truncation: each row's top-k / top-p: also return ``sampler_logprobs``, the tokens'
+            log-probs under the truncated distribution (what vLLM reports for its draws).
     """
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk={chunk} must be a positive number of positions or None")
@@ -334,10 +352,16 @@ def sequence_scores(
             f"{keep}; pass a causal LM whose output has one logit row per input token"
         )
     targets = batch.input_ids[:, first:]
-    token_lp, ent = _gather_logprobs(logits[:, :-1], targets, chunk, temps, entropy)
+    scores = _gather_logprobs(logits[:, :-1], targets, chunk, temps, entropy, truncation)
     valid = mask.bool()
+
+    def placed(values: Tensor | None) -> Tensor | None:
+        return None if values is None else _placed(values, first, valid)
+
     return TokenScores(
-        _placed(token_lp, first, valid), None if ent is None else _placed(ent, first, valid)
+        logprobs=_placed(scores.logprobs, first, valid),
+        entropy=placed(scores.entropy),
+        sampler_logprobs=placed(scores.sampler_logprobs),
     )
 
 

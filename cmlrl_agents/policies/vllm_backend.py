@@ -54,7 +54,12 @@ class VLLMGenerate:
                 "default generation_backend='hf')."
             ) from None
         self._vllm = vllm
-        self._llm_kwargs = {"enable_lora": True, **llm_kwargs}
+        # The log-probs of the distribution vLLM drew from (after temperature, top-k, top-p):
+        # the learner's truncated importance weights compare the trainer's own of that
+        # distribution with them. The default, raw_logprobs (temperature 1, untruncated),
+        # biased the weights above 1 (TRL set the same).
+        self._llm_kwargs = {"enable_lora": True, "logprobs_mode": "processed_logprobs"}
+        self._llm_kwargs.update(llm_kwargs)
         self._llm: Any = None
         self._folder = Path(tempfile.mkdtemp(prefix="cmlrl-vllm-"))
         self._version = 0

@@ -23,6 +23,7 @@ from cmlrl_agents.functional.losses import (
 from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.learning.credit import chain_credit, joint_returns
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.policies.sampling import candidates
 from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
 from cmlrl_agents.runs.distributed import DataParallel
 from cmlrl_agents.testing import tiny_agent
@@ -232,30 +233,85 @@ def test_an_early_ended_chain_keeps_its_reward_for_its_unplayed_turns_in_gae() -
     assert joint_returns(tree, 0.9)[0][1, 0].item() == pytest.approx(0.95 * 1.9)
 
 
-def test_rows_from_a_separate_sampler_are_weighted_by_the_truncated_ratio() -> None:
+def tis_gradient(
+    backend: str, sampler_logprobs, completion=(10, 11, 12), **sampling
+) -> list[torch.Tensor]:
+    """One step of a 1-agent learner on one row whose sampler reported ``sampler_logprobs``
+    (a function of the trainer's model and the batch) for its tokens."""
     from cmlrl_agents import MAGRPOConfig
     from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
 
-    def gradient(backend: str, shift: float) -> list[torch.Tensor]:
-        agent = tiny_agent(seed=2)
-        args = MAGRPOConfig(
-            num_agents=1, generation_backend=backend, tis_cap=1.5, max_grad_norm=None,
-            temperature=0.8, output_dir=None,
-        )  # fmt: skip
-        learner = PolicyGradientLearner([agent], args, num_turns=1)
-        batch = build_batch([(1, 5, 9)], [(10, 11, 12)], 0)
-        with torch.no_grad():
-            lp = sequence_logprobs(agent.model, batch, temperature=0.8)[0, 3:]
-        row = PolicyRow(
-            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5, 9), completion_ids=(10, 11, 12),
-            advantage=1.0, sampler_logprobs=tuple((lp - shift).tolist()),
-        )  # fmt: skip
-        grads = record_step_gradients(learner.optimizers[0])
-        learner.update(TrainBatch((row,), num_items=1))
-        return grads
+    agent = tiny_agent(seed=2)
+    args = MAGRPOConfig(
+        num_agents=1, generation_backend=backend, tis_cap=1.5, max_grad_norm=None,
+        temperature=0.8, output_dir=None, **sampling,
+    )  # fmt: skip
+    learner = PolicyGradientLearner([agent], args, num_turns=1)
+    batch = build_batch([(1, 5, 9)], [completion], 0)
+    with torch.no_grad():
+        reported = sampler_logprobs(agent.model, batch)
+    row = PolicyRow(
+        agent=0, item_slot=0, turn=1, prompt_ids=(1, 5, 9), completion_ids=completion,
+        advantage=1.0, sampler_logprobs=tuple(reported.tolist()),
+    )  # fmt: skip
+    grads = record_step_gradients(learner.optimizers[0])
+    learner.update(TrainBatch((row,), num_items=1))
+    return grads
 
-    plain = gradient("hf", 0.0)  # transformers' generate: the trainer's own model sampled
-    # the sampler found each token half as likely: ratio 2, truncated at 1.5
-    weighted = gradient("vllm", LN2)
+
+def test_rows_from_a_separate_sampler_are_weighted_by_the_truncated_ratio() -> None:
+    def halved(model, batch):  # the sampler found each token half as likely
+        return sequence_logprobs(model, batch, temperature=0.8)[0, 3:] - LN2
+
+    untruncated = {"top_k": None, "top_p": 1.0}
+    plain = tis_gradient("hf", halved, **untruncated)  # the trainer's own model sampled
+    weighted = tis_gradient("vllm", halved, **untruncated)  # ratio 2, truncated at 1.5
     for p, w in zip(plain, weighted, strict=True):
         torch.testing.assert_close(w, 1.5 * p, atol=1e-6, rtol=1e-4)
+
+
+def test_the_weights_compare_the_samplers_truncated_distribution_with_the_trainers() -> None:
+    # A fake vLLM that samples what the trainer samples: at temperature 0.8, top-k 5, top-p
+    # 0.6. With logprobs_mode="processed_logprobs" it reports the log-probs of that truncated
+    # distribution, and every weight is 1: the gradient is the trainer's own sampler's.
+    prompt = torch.tensor([[1, 5, 9]])
+    tokens = []
+    model = tiny_agent(seed=2).model
+    with torch.no_grad():  # the most likely tokens: inside any truncation
+        for _ in range(3):
+            ids = torch.cat([prompt, torch.tensor([tokens], dtype=torch.long)], 1)
+            logits = model(input_ids=ids).logits
+            tokens.append(int(logits[0, -1].argmax()))
+    truncation = {"top_k": 5, "top_p": 0.6}
+
+    def processed(model, batch):
+        logits = model(input_ids=batch.input_ids).logits[0, 2:-1]
+        probs, ids = candidates(logits, 0.8, 5, 0.6)
+        at = [int((row == t).nonzero()[0, 0]) for row, t in zip(ids, tokens, strict=True)]
+        kept = probs / probs.sum(-1, keepdim=True)
+        return torch.log(kept[torch.arange(3), at])
+
+    def raw(model, batch):  # vLLM's default, raw_logprobs: temperature 1, untruncated
+        return sequence_logprobs(model, batch)[0, 3:]
+
+    plain = tis_gradient("hf", raw, tuple(tokens), **truncation)
+    exact = tis_gradient("vllm", processed, tuple(tokens), **truncation)
+    for p, w in zip(plain, exact, strict=True):
+        torch.testing.assert_close(w, p, atol=1e-6, rtol=1e-4)
+    biased = tis_gradient("vllm", raw, tuple(tokens), **truncation)
+    assert any(not torch.allclose(b, p, rtol=1e-3) for b, p in zip(biased, plain, strict=True))
+
+
+def test_the_vllm_engine_reports_the_log_probs_of_the_distribution_it_draws_from(
+    monkeypatch,
+) -> None:
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # a fake: no engine
+    from cmlrl_agents.policies.vllm_backend import VLLMGenerate
+
+    assert VLLMGenerate()._llm_kwargs["logprobs_mode"] == "processed_logprobs"
+    assert VLLMGenerate(logprobs_mode="raw_logprobs")._llm_kwargs["logprobs_mode"] == (
+        "raw_logprobs"
+    )
