@@ -63,6 +63,10 @@ class MAGRPOConfig(SharedConfig):
     after 0.72, against 0.63 without; docs/experiments.md), at the memory of a frozen copy per
     fully fine-tuned agent."""
     reference_kl_coef: float = 0.1
+    mask_truncated_completions: bool = False
+    """Leave completions cut at ``max_new_tokens`` (no EOS) out of the loss, as TRL's option of
+    that name: their rewards still count in their groups' baselines and std, but their
+    tokens get no gradient, so an answer the cap cut short is not pushed up or down."""
     prefix_sharing: bool = True
     """Score the G completions of a prompt over one forward of the prompt (its KV cache serves
     them, gradients included): the same log-probs and gradients to float rounding, fewer
@@ -83,6 +87,7 @@ class MAGRPOConfig(SharedConfig):
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
         self._bool("prefix_sharing")
+        self._bool("mask_truncated_completions")
         self._int("tree_plot_interval", 0)
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
         self._check_stale_rounds(self.ppo_clip_range, "optimizer steps")

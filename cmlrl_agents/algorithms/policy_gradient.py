@@ -95,12 +95,15 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
 
     # -- the batch ------------------------------------------------------------------------------
     def batch(self, tree: RolloutTree) -> TrainBatch:
-        """The round's rows (each agent's completions with their group advantages) and its
-        reward, return and completion metrics."""
+        """The round's rows (each agent's completions with their group advantages; without
+        the truncated ones under ``mask_truncated_completions``) and its reward, return and
+        completion metrics."""
         args = self.args
         joint = joint_returns(tree, args.discount)
         credit = agent_returns(tree, joint)
         rows = group_rows(tree, credit, args.advantage_mode, args.advantage_normalization)
+        if args.mask_truncated_completions:  # after the advantages: they count in the groups
+            rows = [row for row in rows if row.finished]
         metrics = round_metrics(tree, joint)
         for level, returns in zip(tree.levels, credit, strict=True):
             for a in range(tree.num_agents):

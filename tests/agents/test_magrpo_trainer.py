@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -540,3 +541,32 @@ def test_seed_002_program_runs_with_only_its_imports_changed(tiny_model_dir, tmp
     assert {"turn_1/reward_mean", "turn_2/reward_mean", "turn_2/expected_return"} <= keys
     # up to 4 + 16 joint responses per item and epoch
     assert 8 * 4 <= trainer.env_step <= 8 * 20
+
+
+def test_mask_truncated_completions_leaves_cut_answers_out_of_the_loss_not_the_groups(
+    tmp_path,
+) -> None:
+    from cmlrl_agents.runs.rollout import collect_tree
+
+    trainer = make_trainer(tmp_path, max_new_tokens=3, num_generations=4)
+    data = tasks.length_ratio_dataset()
+    torch.manual_seed(0)
+    tree = collect_tree(
+        trainer.env, trainer.agents, [(data[i], i) for i in range(2)], num_generations=4,
+        sampling=trainer.agent_sampling,
+    )  # fmt: skip
+    for level in tree.levels:  # the tiny model rarely ends: say sample 0 of each group did
+        for samples in (s for agent in level.completions for s in agent):
+            samples[0] = dataclasses.replace(samples[0], finished=True)
+    every = trainer.learner.batch(tree).rows
+    assert {r.finished for r in every} == {True, False}
+    trainer.args.mask_truncated_completions = True
+    kept = trainer.learner.batch(tree).rows
+    # The finished rows, with the advantages they had among all their siblings.
+    assert kept == tuple(r for r in every if r.finished)
+    before = [p.detach().clone() for p in trainer.agents[0].model.parameters()]
+    metrics = trainer.learner.update(trainer.learner.batch(tree))
+    assert "agent_0/loss" in metrics
+    after = trainer.agents[0].model.parameters()
+    moved = any(not torch.equal(p, q) for p, q in zip(after, before, strict=True))
+    assert moved == any(r.agent == 0 for r in kept)
