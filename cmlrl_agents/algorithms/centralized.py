@@ -208,19 +208,25 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             **rest,
         )
 
+    def _logged_roles(self, chains: list[list[list[str]]]) -> list[list[list[str]]]:
+        """The one model's chains split into the roles (``""`` for an unparsable text)."""
+        roles: list[list[list[str]]] = [[] for _ in range(self.num_roles)]
+        for chain in chains[0]:
+            split = [split_roles(text, self.num_roles) for text in chain]
+            for r in range(self.num_roles):
+                roles[r].append(["" if s is None else s[r] for s in split])
+        return roles
+
     def _custom_eval_metrics(self, trees: list[RolloutTree]) -> dict[str, float]:
         if self.eval_logger is None or self.eval_aggregator is None:
             return {}
-        roles: list[list[list[str]]] = [[] for _ in range(self.num_roles)]
+        chains: list[list[str]] = []
         items: list[Mapping[str, Any]] = []
         for tree in trees:
-            for chain in eval_chains(tree)[0]:
-                split = [split_roles(text, self.num_roles) for text in chain]
-                for r in range(self.num_roles):
-                    roles[r].append(["" if s is None else s[r] for s in split])
+            chains.extend(eval_chains(tree)[0])
             items.extend(item for item, _ in tree.items)
         rows = self.eval_logger(
-            agent_completions_turns=roles,
+            agent_completions_turns=self._logged_roles([chains]),
             batch_items=items,
             prompts=[item.get("prompt") for item in items],
         )

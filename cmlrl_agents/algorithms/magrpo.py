@@ -47,6 +47,29 @@ def eval_chains(tree: RolloutTree) -> list[list[list[str]]]:
     return chains
 
 
+def level_chains(
+    tree: RolloutTree, index: int
+) -> tuple[list[list[list[str]]], list[Mapping[str, Any]]]:
+    """Every joint action of level ``index`` as a chain per agent, ``[agent][joint
+    action][turn]`` (the texts of the joint actions it follows, then its own; branch-major),
+    and each chain's task item."""
+    chains: list[list[list[str]]] = [[] for _ in range(tree.num_agents)]
+    items: list[Mapping[str, Any]] = []
+    last = tree.levels[index]
+    for branch in range(len(last.states)):
+        for joint in range(len(last.joints)):
+            path, b, j = [], branch, joint  # (level, branch, joint) back to turn 1
+            for i in range(index, -1, -1):
+                path.append((tree.levels[i], b, j))
+                if i > 0:
+                    b, j = divmod(tree.levels[i].parent[b], len(tree.levels[i - 1].joints))
+            for a in range(tree.num_agents):
+                texts = [lv.completions[a][lb][lv.joints[lj][a]].text for lv, lb, lj in path]
+                chains[a].append(texts[::-1])
+            items.append(tree.items[last.item_slot[branch]][0])
+    return chains, items
+
+
 class MAGRPOTrainer(TeamTrainer[MAGRPOConfig, PolicyGradientLearner]):
     """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
 
@@ -135,10 +158,37 @@ class MAGRPOTrainer(TeamTrainer[MAGRPOConfig, PolicyGradientLearner]):
             self.save_tree(tree)
         self.rounds += 1
         metrics = self.learner.update(self.learner.batch(tree))
+        if args.log_train_levels and self.eval_logger is not None:
+            metrics.update(self._train_level_metrics(tree))
         self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
         counts = {level.turn: level.num_joint_actions for level in tree.levels}
         weights = turn_weights(metrics, counts)
         return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
+
+    def _train_level_metrics(self, tree: RolloutTree) -> dict[str, float]:
+        """The means of ``eval_logger``'s ``turn_k/`` values over level k's joint actions, for
+        each level of the round's tree (``log_train_levels``)."""
+        assert self.eval_logger is not None
+        out: dict[str, float] = {}
+        for index, level in enumerate(tree.levels):
+            chains, items = level_chains(tree, index)
+            rows = self.eval_logger(
+                agent_completions_turns=self._logged_roles(chains),
+                batch_items=items,
+                prompts=[item.get("prompt") for item in items],
+            )
+            prefix = f"turn_{level.turn}/"
+            values: dict[str, list[float]] = {}
+            for row in rows:
+                for key, value in row.items():
+                    if key.startswith(prefix) and isinstance(value, (int, float)):
+                        values.setdefault(key, []).append(float(value))
+            out.update({key: sum(v) / len(v) for key, v in values.items()})
+        return finite_metrics(out, "eval_logger")
+
+    def _logged_roles(self, chains: list[list[list[str]]]) -> list[list[list[str]]]:
+        """What ``eval_logger`` reads for these chains: the agents' own texts."""
+        return chains
 
     def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
         """Draw the first item of ``tree`` with this trainer's return and advantage settings

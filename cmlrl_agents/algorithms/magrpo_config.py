@@ -71,6 +71,11 @@ class MAGRPOConfig(SharedConfig):
     """Score the G completions of a prompt over one forward of the prompt (its KV cache serves
     them, gradients included): the same log-probs and gradients to float rounding, fewer
     FLOPs (benchmarks/prefix_scoring.py; cmlrl_agents/policies/prefix_scoring.py)."""
+    log_train_levels: bool = False
+    """Also give each round's training completions to ``eval_logger`` and log the means of its
+    rows' ``turn_k/...`` values as training metrics (e.g. ``turn_1/level/<name>``, each level
+    of a paper reward), so a collapse shows which level moved. It scores the round's answers
+    once more (for code: runs their tests again)."""
     tree_plot_interval: int = 0
     """Every N-th round (the 1st, the N+1-th, ...) draw the first item's rollout tree into
     ``output_dir/trees/env_step-<E>.png`` with ``.html`` (full texts) and ``.json`` (0: never)."""
@@ -89,6 +94,7 @@ class MAGRPOConfig(SharedConfig):
         self._bool("prefix_sharing")
         self._bool("mask_truncated_completions")
         self._int("tree_plot_interval", 0)
+        self._bool("log_train_levels")
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
         self._check_stale_rounds(self.ppo_clip_range, "optimizer steps")
         if self.advantage_mode == "raw" and self.advantage_normalization:

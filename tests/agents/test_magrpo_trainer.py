@@ -570,3 +570,46 @@ def test_mask_truncated_completions_leaves_cut_answers_out_of_the_loss_not_the_g
     after = trainer.agents[0].model.parameters()
     moved = any(not torch.equal(p, q) for p, q in zip(after, before, strict=True))
     assert moved == any(r.agent == 0 for r in kept)
+
+
+def test_log_train_levels_logs_the_eval_loggers_values_of_each_rounds_answers(tmp_path) -> None:
+    seen = []
+
+    def logger(*, agent_completions_turns, batch_items, prompts=None):
+        seen.append(agent_completions_turns)
+        chains = list(zip(*agent_completions_turns, strict=True))  # per joint action
+        return [
+            {f"turn_{len(c[0])}/level/chars": float(len(c[0][-1]) + len(c[1][-1]))} for c in chains
+        ]
+
+    train, evaluation = tasks.length_ratio_splits()
+    args = MAGRPOConfig(
+        num_agents=2,
+        num_turns=2,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_interval=0,
+        log_train_levels=True,
+        early_termination_threshold=None,  # every branch plays turn 2
+        output_dir=str(tmp_path / "run"),
+    )
+    trainer = MAGRPOTrainer(
+        agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
+        formatters=FORMATTERS,
+        reward_func=tasks.length_ratio_reward,
+        external_transition=tasks.length_feedback,
+        train_dataset=train.select(range(2)),
+        eval_dataset=evaluation,
+        eval_logger=logger,
+        eval_aggregator=lambda rows, num_turns: {},
+        args=args,
+    )
+    trainer.train()
+    # One call per level: 2 items x 2 joint actions at turn 1; each of the 4 goes on into 2.
+    turn_1, turn_2 = seen
+    assert [len(c) for c in turn_1[0]] == [1] * 4 and [len(c) for c in turn_2[0]] == [2] * 8
+    for agent, parents in zip(turn_2, turn_1, strict=True):  # a turn-2 chain extends its parent
+        assert [c[0] for c in agent] == [parents[k // 2][0] for k in range(8)]
+    (row,) = [r for r in read_metrics(trainer.run_dir) if "turn_2/level/chars" in r]
+    want = [len(a[-1]) + len(b[-1]) for a, b in zip(*turn_2, strict=True)]
+    assert row["turn_2/level/chars"] == pytest.approx(sum(want) / len(want))
