@@ -44,9 +44,9 @@ from cmlrl_agents.learning.policy_step import (
 )
 from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
-from cmlrl_agents.policies.reference import kl_turn_means
 from cmlrl_agents.policies.value_head import ValueModel
 from cmlrl_agents.runs.distributed import data_parallel
+from cmlrl_agents.runs.metrics import kl_turn_means
 from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_env.core import EpisodeState
 

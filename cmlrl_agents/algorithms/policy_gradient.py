@@ -32,9 +32,9 @@ from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep, polic
 from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
-from cmlrl_agents.policies.reference import Reference, kl_turn_means, reference_policies
+from cmlrl_agents.policies.reference import Reference, reference_policies
 from cmlrl_agents.runs.distributed import data_parallel
-from cmlrl_agents.runs.metrics import turn_key
+from cmlrl_agents.runs.metrics import kl_turn_means, turn_key
 from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = ["PolicyGradientLearner", "mean_metrics", "step_groups"]

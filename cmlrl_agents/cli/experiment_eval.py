@@ -24,7 +24,7 @@ from datasets import Dataset
 
 from cmlrl_env.code_metrics import pass_at_k
 
-__all__ = ["Clock", "CountingBackend", "EvalRecorder", "repeated", "summarize"]
+__all__ = ["Clock", "CountingBackend", "EvalRecorder", "mean_se", "repeated", "summarize"]
 
 
 class Clock:
@@ -117,6 +117,17 @@ def _se(groups: Mapping[str, list[float]]) -> float:
         m = sum(vs) / len(vs)
         within += sum((v - m) ** 2 for v in vs) / (len(vs) - 1) / len(vs)
     return math.sqrt(within) / len(groups)
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (sample std / sqrt(n); NaN for fewer than 2 values)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def _std(values: list[float]) -> float:

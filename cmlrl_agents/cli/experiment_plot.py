@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from cmlrl_agents.cli.experiment_eval import mean_se
+
 __all__ = ["plot_results"]
 
 COLOURS = {"team": "tab:blue", "centralized": "tab:orange", "single": "tab:green"}
@@ -17,8 +19,6 @@ COLOURS["baseline"] = "tab:purple"  # another task's team, e.g. the 1-turn team 
 
 def _curve(results: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float]]:
     """(mean training tokens, mean reward, its standard error) at each eval point, over seeds."""
-    from cmlrl_agents.cli.experiment_report import mean_se
-
     points = min(len(r["points"]) for r in results)
     xs, ys, es = [], [], []
     for i in range(points):

@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["mean_se", "summary_rows", "write_report"]
+from cmlrl_agents.cli.experiment_eval import mean_se
+
+__all__ = ["summary_rows", "write_report"]
 
 COLUMNS = (
     *("task", "method", "seeds", "eval_samples", "before", "after", "change", "run_change_se"),
@@ -30,17 +32,6 @@ COLUMNS = (
     *("eval_s_per_pass", "wall_s"),
 )
 MEASURE_COLUMNS = ("task", "method", "measure", "trained_on", "before", "after", "change")
-
-
-def mean_se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard error (sample std / sqrt(n); NaN for fewer than 2 values)."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def _pm(values: Sequence[float], eval_se: float | None = None) -> str:

@@ -5,7 +5,7 @@ settings) and returns ``completions[request][prompt][sample]``; after each updat
 calls ``backend.sync(agents)`` so that a backend holding its own copy of the weights (vLLM)
 serves the updated policy. :class:`HFGenerate` (transformers' ``generate``) is the default;
 ``cmlrl_agents.policies.vllm_backend.VLLMGenerate`` is the optional vLLM one (``pip install
-cmlrl[vllm]``), imported only when chosen.
+cmlrl[vllm]``), imported only when chosen (``policies/backends.py``: the one a config names).
 
 :class:`HFGenerate` makes ONE ``generate`` call for all adapter agents on one shared base whose
 sampling settings are equal (peft's per-row ``adapter_names``); rows with different settings
@@ -23,11 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from cmlrl_agents.policies.agent import Completion, LLMAgent, SamplingConfig
 
-__all__ = ["GenerationBackend", "GenerationRequest", "HFGenerate", "make_backend"]
+__all__ = ["GenerationBackend", "GenerationRequest", "HFGenerate"]
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -131,14 +129,3 @@ def _one_call(
         out.append([block[p * g : (p + 1) * g] for p in range(prompts)])
         start += prompts * g
     return out
-
-
-def make_backend(name: str) -> GenerationBackend:
-    """The backend a config names: "hf" (default) or "vllm" (imports vLLM only now)."""
-    if name == "hf":
-        return HFGenerate()
-    if name == "vllm":
-        from cmlrl_agents.policies.vllm_backend import VLLMGenerate
-
-        return VLLMGenerate()
-    raise ValueError(f"generation_backend must be one of {BACKENDS}, got {name!r}.")

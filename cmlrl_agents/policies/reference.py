@@ -11,18 +11,15 @@ The per-turn statistics are logged as ``turn_k/reference_kl_mean`` and
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from cmlrl_agents.policies.tokens import Temperature, TokenBatch, sequence_logprobs
-from cmlrl_agents.runs.metrics import turn_key
 
 __all__ = [
     "BaseWithoutAdapters",
-    "kl_turn_means",
-    "kl_turn_stats",
     "reference_logprobs",
     "reference_policies",
 ]
@@ -89,32 +86,3 @@ def reference_logprobs(
         ref_device = next(reference.parameters()).device
         temps = temperature.to(ref_device) if isinstance(temperature, torch.Tensor) else temperature
         return sequence_logprobs(reference, batch.to(ref_device), temperature=temps)
-
-
-KL_METRICS = ("reference_kl_mean", "reference_kl_penalty_mean")
-
-
-def kl_turn_stats(kl_by_turn: Mapping[int, list[float]], coef: float) -> dict[str, float]:
-    """``turn_k/reference_kl_mean`` and ``…_penalty_mean`` from per-sample KLs by turn."""
-    stats = {}
-    for turn, values in kl_by_turn.items():
-        mean = sum(values) / len(values)
-        stats[turn_key(turn, "reference_kl_mean")] = mean
-        stats[turn_key(turn, "reference_kl_penalty_mean")] = coef * mean
-    return stats
-
-
-def kl_turn_means(
-    metrics: Mapping[str, float], num_agents: int, num_turns: int
-) -> dict[str, float]:
-    """Team means of the per-agent ``agent_i/turn_k/reference_kl_*`` metrics under the seed's
-    ``turn_k/…`` names, for the turns every agent has (names looked up, never parsed)."""
-    out: dict[str, float] = {}
-    for turn in range(1, num_turns + 1):
-        for name in KL_METRICS:
-            key = turn_key(turn, name)
-            values = [metrics.get(f"agent_{a}/{key}") for a in range(num_agents)]
-            present = [v for v in values if v is not None]
-            if len(present) == len(values):
-                out[key] = sum(present) / num_agents
-    return out

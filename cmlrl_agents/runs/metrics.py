@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
-
-from cmlrl_agents.runs.rollout import RolloutTree
-
-__all__ = ["reward_postfix", "turn_key", "turn_metrics"]
+__all__ = ["KL_METRICS", "kl_turn_means", "kl_turn_stats", "reward_postfix", "turn_key"]
 
 
 def turn_key(turn: int, name: str, prefix: str = "") -> str:
@@ -22,12 +18,30 @@ def reward_postfix(metrics: Mapping[str, float], num_turns: int) -> dict[str, fl
     return {shown: metrics[key] for shown, key in keys.items() if key in metrics}
 
 
-def turn_metrics(
-    tree: RolloutTree, returns: list[torch.Tensor], prefix: str = ""
+KL_METRICS = ("reference_kl_mean", "reference_kl_penalty_mean")
+
+
+def kl_turn_stats(kl_by_turn: Mapping[int, list[float]], coef: float) -> dict[str, float]:
+    """``turn_k/reference_kl_mean`` and ``…_penalty_mean`` from per-sample KLs by turn."""
+    stats = {}
+    for turn, values in kl_by_turn.items():
+        mean = sum(values) / len(values)
+        stats[turn_key(turn, "reference_kl_mean")] = mean
+        stats[turn_key(turn, "reference_kl_penalty_mean")] = coef * mean
+    return stats
+
+
+def kl_turn_means(
+    metrics: Mapping[str, float], num_agents: int, num_turns: int
 ) -> dict[str, float]:
-    """``turn_k/reward_mean`` and ``turn_k/expected_return`` over every joint action of turn k."""
-    metrics = {}
-    for level, ret in zip(tree.levels, returns, strict=True):
-        metrics[turn_key(level.turn, "reward_mean", prefix)] = float(level.rewards.mean())
-        metrics[turn_key(level.turn, "expected_return", prefix)] = float(ret.mean())
-    return metrics
+    """Team means of the per-agent ``agent_i/turn_k/reference_kl_*`` metrics under the seed's
+    ``turn_k/…`` names, for the turns every agent has (names looked up, never parsed)."""
+    out: dict[str, float] = {}
+    for turn in range(1, num_turns + 1):
+        for name in KL_METRICS:
+            key = turn_key(turn, name)
+            values = [metrics.get(f"agent_{a}/{key}") for a in range(num_agents)]
+            present = [v for v in values if v is not None]
+            if len(present) == len(values):
+                out[key] = sum(present) / num_agents
+    return out

@@ -20,9 +20,10 @@ from transformers import set_seed
 from cmlrl_agents._checks import check_eval_dataset
 from cmlrl_agents.learning.learner import Learner
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.backends import make_backend
 from cmlrl_agents.policies.build import build_agents
 from cmlrl_agents.policies.devices import resolve_devices
-from cmlrl_agents.policies.generation import GenerationBackend, make_backend
+from cmlrl_agents.policies.generation import GenerationBackend
 from cmlrl_agents.policies.model_setup import disable_dropout
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import row_key

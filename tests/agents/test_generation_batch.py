@@ -205,7 +205,7 @@ def test_vllm_backend_needs_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError:
-        from cmlrl_agents.policies.generation import make_backend
+        from cmlrl_agents.policies.backends import make_backend
 
         with pytest.raises(ImportError, match=r"pip install 'cmlrl\[vllm\]'"):
             make_backend("vllm")
