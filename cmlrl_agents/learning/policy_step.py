@@ -237,11 +237,11 @@ class PolicyStep:
                 chunk = flat[s : s + size]
                 scored = self.score(group, rows, chunk)
                 mask = scored.batch.completion_mask.bool()
-                truncated = scored.sampler_logprobs
+                truncated = scored.truncated_logprobs
                 for b, ((_, i), m) in enumerate(zip(chunk, mask, strict=True)):
                     out[i] = OldScores(
                         logprobs=scored.logprobs[b][m],
-                        sampler_logprobs=None if truncated is None else truncated[b][m],
+                        truncated_logprobs=None if truncated is None else truncated[b][m],
                     )
         return out
 
@@ -296,8 +296,8 @@ class PolicyStep:
             # The trainer's probability of each token under the sampler's own truncated
             # distribution, at the weights that sampled (before the round when it is stale).
             if old is None:
-                assert ctx.sampler_logprobs is not None, "score() passes the truncation"
-                base = ctx.sampler_logprobs
+                assert ctx.truncated_logprobs is not None, "score() passes the truncation"
+                base = ctx.truncated_logprobs
             else:
                 base = _placed([old[i].truncated() for i in ctx.indices], mask)
             weights = truncated_is_weights(base, _placed(sampler, mask), mask, obj.tis_cap)
@@ -372,8 +372,8 @@ class _AgentRows:
         self.mask = scored.batch.completion_mask[self.selector].bool()
         self.reference = None if scored.reference is None else scored.reference[self.selector]
         self.entropy = None if scored.entropy is None else scored.entropy[self.selector]
-        truncated = scored.sampler_logprobs
-        self.sampler_logprobs = None if truncated is None else truncated[self.selector]
+        truncated = scored.truncated_logprobs
+        self.truncated_logprobs = None if truncated is None else truncated[self.selector]
 
 
 @dataclass(frozen=True)
@@ -382,12 +382,12 @@ class OldScores:
     its log-probs under the truncated sampling distribution then."""
 
     logprobs: Tensor
-    sampler_logprobs: Tensor | None = None
+    truncated_logprobs: Tensor | None = None
 
     def truncated(self) -> Tensor:
-        if self.sampler_logprobs is None:
+        if self.truncated_logprobs is None:
             raise ValueError("these old scores were taken without the sampler's truncation")
-        return self.sampler_logprobs
+        return self.truncated_logprobs
 
 
 def _placed(values: Sequence[Tensor], mask: Tensor) -> Tensor:

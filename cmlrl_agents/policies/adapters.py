@@ -178,7 +178,7 @@ class JointPass:
     """Per row: the position of its agent in the group that was scored."""
     entropy: torch.Tensor | None = None
     """Per token the policy's entropy (detached), when the pass was asked for it."""
-    sampler_logprobs: torch.Tensor | None = None
+    truncated_logprobs: torch.Tensor | None = None
     """Per token its log-prob under the rows' truncated sampling distribution (detached), when
     the pass was given their ``truncation``."""
 
@@ -234,5 +234,5 @@ def joint_pass(
         reference=ref,
         owners=tuple(owners),
         entropy=scores.entropy,
-        sampler_logprobs=scores.sampler_logprobs,
+        truncated_logprobs=scores.truncated_logprobs,
     )

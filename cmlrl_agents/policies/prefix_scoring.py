@@ -218,7 +218,7 @@ def prefix_shared_scores(
     return TokenScores(
         logprobs=torch.where(mask, shared.logprobs, torch.zeros_like(shared.logprobs)),
         entropy=masked(shared.entropy),
-        sampler_logprobs=masked(shared.sampler_logprobs),
+        truncated_logprobs=masked(shared.truncated_logprobs),
     )
 
 
@@ -242,7 +242,7 @@ def _shared_scores(
     )  # fmt: skip
     group = torch.tensor(groups.group, device=device)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
-    wanted = {"logprobs": True, "entropy": entropy, "sampler_logprobs": truncation is not None}
+    wanted = {"logprobs": True, "entropy": entropy, "truncated_logprobs": truncation is not None}
     full = {name: out.clone() for name, on in wanted.items() if on}
     rows = torch.arange(len(groups.group), device=device)
     start = torch.tensor(groups.prompt_len, device=device)
@@ -268,7 +268,7 @@ def _shared_scores(
     return TokenScores(
         logprobs=full["logprobs"],
         entropy=full.get("entropy"),
-        sampler_logprobs=full.get("sampler_logprobs"),
+        truncated_logprobs=full.get("truncated_logprobs"),
     )
 
 

@@ -234,10 +234,10 @@ class TokenScores:
 
     logprobs: Tensor
     entropy: Tensor | None = None
-    sampler_logprobs: Tensor | None = None
+    truncated_logprobs: Tensor | None = None
     """When the pass was given the rows' ``Truncation``: each token's log-prob under the
-    truncated distribution its sampler drew from (detached; ``-inf`` for a token outside it;
-    0 off the mask)."""
+    truncated distribution its sampler drew from, by this model (detached; ``-inf`` for a token
+    outside it; 0 off the mask)."""
 
 
 def row_temperatures(temperature: Temperature, rows: int, device: torch.device) -> Tensor | None:
@@ -287,12 +287,14 @@ def _gather_logprobs(
     if not pieces:
         empty = logits.new_zeros(targets.shape, dtype=torch.float32)
         return TokenScores(
-            empty, empty.clone() if entropy else None, empty.clone() if truncation else None
+            logprobs=empty,
+            entropy=empty.clone() if entropy else None,
+            truncated_logprobs=empty.clone() if truncation is not None else None,
         )
     return TokenScores(
-        torch.cat(pieces, dim=1),
-        torch.cat(entropies, dim=1) if entropy else None,
-        torch.cat(truncated, dim=1) if truncation is not None else None,
+        logprobs=torch.cat(pieces, dim=1),
+        entropy=torch.cat(entropies, dim=1) if entropy else None,
+        truncated_logprobs=torch.cat(truncated, dim=1) if truncation is not None else None,
     )
 
 
@@ -323,7 +325,7 @@ def sequence_scores(
         adapter_names: one peft adapter per row (a mixed-adapter batch of a shared base).
         temperature: the sampling temperature, one for all rows or a ``[B]`` tensor.
         entropy: also return each position's entropy (diagnostics).
-        truncation: each row's top-k / top-p: also return ``sampler_logprobs``, the tokens'
+        truncation: each row's top-k / top-p: also return ``truncated_logprobs``, the tokens'
             log-probs under the truncated distribution (what vLLM reports for its draws).
     """
     if chunk is not None and chunk < 1:
@@ -361,7 +363,7 @@ def sequence_scores(
     return TokenScores(
         logprobs=_placed(scores.logprobs, first, valid),
         entropy=placed(scores.entropy),
-        sampler_logprobs=placed(scores.sampler_logprobs),
+        truncated_logprobs=placed(scores.truncated_logprobs),
     )
 
 
