@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cmlrl_agents.runs.validated import ValidatedConfig
+from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD
 
 if TYPE_CHECKING:
     from cmlrl_agents.policies.agent import SamplingConfig
@@ -63,7 +64,7 @@ class SharedConfig(ValidatedConfig):
     the adapters of LoRA agents per request and reloads them after each update)."""
     discount: float = 1.0
     """Weight of later turns in a turn's return."""
-    early_termination_threshold: float | None = -0.2
+    early_termination_threshold: float | None = DEFAULT_EARLY_TERMINATION_THRESHOLD
     """A branch ends after a turn whose reward exceeds this (None: always play every turn)."""
     eval_interval: int = 16
     """Evaluate before item 0 of each epoch and then every ``eval_interval`` training task items;
