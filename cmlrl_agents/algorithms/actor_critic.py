@@ -38,23 +38,23 @@ from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.model_setup import disable_dropout
 from cmlrl_agents.policies.reference import reference_policies
 from cmlrl_agents.policies.value_head import ValueModel
-from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
-from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
-from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
+from cmlrl_agents.runs.distributed import aggregate_metrics
+from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.runs.round_trainer import RoundTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords, check_team_keywords
 from cmlrl_agents.runs.trainer_setup import team_size
 
 __all__ = ["IACTrainer", "MAACTrainer", "RolloutSample"]
 
 
-class _ActorCriticTrainer(TeamTrainer[ActorCriticConfig, ActorCriticLearner]):
+class _ActorCriticTrainer(RoundTrainer[ActorCriticConfig, ActorCriticLearner]):
     """What IAC and MAAC share; they differ in which critic reads which text."""
 
     config_class: type[ActorCriticConfig] = ActorCriticConfig
     centralized = False
     """True: one critic for the team over the joint transcript (MAAC)."""
     fixed_fields = (
-        *TeamTrainer.fixed_fields,
+        *RoundTrainer.fixed_fields,
         *("critic_devices", "value_head_hidden_dim", "critic_type", "reference_kl_enabled"),
     )
 
@@ -225,36 +225,27 @@ class _ActorCriticTrainer(TeamTrainer[ActorCriticConfig, ActorCriticLearner]):
     def _items_per_round(self) -> int:
         return self.args.rollout_buffer_size
 
-    # -- one round ----------------------------------------------------------------------------
-    def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
-        assert self.env is not None, "train() checks for a train_dataset first"
-        args, parallel = self.args, self.parallel
-        tree = collect_tree(
-            self.env,
-            self.agents,
-            parallel.shard(items, args.items_per_step),  # all of them in one process
-            num_generations=args.num_generations,
-            sampling=self.agent_sampling,
-            backend=self.generation_backend,
-            sample_key=self.round_key(),
-        )
-        batch = self.learner.batch(tree)
-        metrics = self.learner.update(batch)
-        self.generation_backend.sync(self.agents)
-        if self.metrics_callback is not None:
-            extra = self._run_callback([s for agent in batch.samples for s in agent])
-            clash = sorted(set(extra) & set(metrics))
-            if clash:
-                raise ValueError(
-                    f"metrics_callback returned {clash}, which the trainer logs "
-                    "itself; rename those keys."
-                )
-            # At rollout collection, not held back (or averaged) by the logging_steps gap.
-            extra = aggregate_metrics(parallel, extra, {})
-            self.logger.log_now(extra, self.env_step + int(parallel.sum(tree.env_steps)))
-        counts = {level.turn: level.num_joint_actions for level in tree.levels}
-        weights = turn_weights(metrics, counts)
-        return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
+    # -- one round (runs/round_trainer.py) ----------------------------------------------------
+    def _group_size(self) -> int:
+        return self.args.num_generations
+
+    def _after_update(
+        self, tree: RolloutTree, batch: Any, metrics: dict[str, float]
+    ) -> dict[str, float]:
+        if self.metrics_callback is None:
+            return {}
+        extra = self._run_callback([s for agent in batch.samples for s in agent])
+        clash = sorted(set(extra) & set(metrics))
+        if clash:
+            raise ValueError(
+                f"metrics_callback returned {clash}, which the trainer logs itself; rename "
+                "those keys."
+            )
+        # At rollout collection, not held back (or averaged) by the logging_steps gap.
+        parallel = self.parallel
+        extra = aggregate_metrics(parallel, extra, {})
+        self.logger.log_now(extra, self.env_step + int(parallel.sum(tree.env_steps)))
+        return {}
 
     # -- saving -------------------------------------------------------------------------------
     def save_model(self, output_dir: str | Path) -> None:

@@ -21,9 +21,8 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
-from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
-from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
-from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
+from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.runs.round_trainer import RoundTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 from cmlrl_agents.runs.tree_plot import save_rollout_tree
 from cmlrl_agents.runs.tree_view import rollout_tree_view
@@ -70,7 +69,7 @@ def level_chains(
     return chains, items
 
 
-class MAGRPOTrainer(TeamTrainer[MAGRPOConfig, PolicyGradientLearner]):
+class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
     """Multi-agent GRPO over ``CoMLRLEnv`` (SPEC §5–§6).
 
     Construct with ``agent_model="<hub id or folder>"`` (one copy per agent, or with
@@ -82,7 +81,7 @@ class MAGRPOTrainer(TeamTrainer[MAGRPOConfig, PolicyGradientLearner]):
 
     algorithm = "magrpo"
     config_class: type[MAGRPOConfig] = MAGRPOConfig
-    fixed_fields = (*TeamTrainer.fixed_fields, "reference_kl_enabled")
+    fixed_fields = (*RoundTrainer.fixed_fields, "reference_kl_enabled")
 
     def __init__(
         self,
@@ -139,31 +138,26 @@ class MAGRPOTrainer(TeamTrainer[MAGRPOConfig, PolicyGradientLearner]):
             self.eval_aggregator(rows, num_turns=self.args.num_turns), "eval_aggregator"
         )
 
-    # -- one round ----------------------------------------------------------------------------
-    def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:
-        assert self.env is not None, "train() checks for a train_dataset first"
-        args, parallel = self.args, self.parallel
-        tree = collect_tree(
-            self.env,
-            self.agents,
-            parallel.shard(items, args.items_per_step),  # all of them in one process
-            num_generations=args.num_generations,
-            sampling=self.agent_sampling,
-            joint_mode=args.joint_mode,
-            backend=self.generation_backend,
-            sample_key=self.round_key(),
-        )
+    # -- one round (runs/round_trainer.py) ----------------------------------------------------
+    def _group_size(self) -> int:
+        return self.args.num_generations
+
+    def _joint_mode(self) -> str:
+        return self.args.joint_mode
+
+    def _before_update(self, tree: RolloutTree) -> None:
+        args = self.args
         plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
-        if plot and parallel.is_main:
+        if plot and self.parallel.is_main:
             self.save_tree(tree)
         self.rounds += 1
-        metrics = self.learner.update(self.learner.batch(tree))
-        if args.log_train_levels and self.eval_logger is not None:
-            metrics.update(self._train_level_metrics(tree))
-        self.generation_backend.sync(self.agents)  # a backend with its own weights reloads them
-        counts = {level.turn: level.num_joint_actions for level in tree.levels}
-        weights = turn_weights(metrics, counts)
-        return aggregate_metrics(parallel, metrics, weights), int(parallel.sum(tree.env_steps))
+
+    def _after_update(
+        self, tree: RolloutTree, batch: Any, metrics: dict[str, float]
+    ) -> dict[str, float]:
+        if self.args.log_train_levels and self.eval_logger is not None:
+            return self._train_level_metrics(tree)
+        return {}
 
     def _train_level_metrics(self, tree: RolloutTree) -> dict[str, float]:
         """The means of ``eval_logger``'s ``turn_k/`` values over level k's joint actions, for

@@ -1,9 +1,10 @@
 """The learner protocol every family implements, and the optimizer bookkeeping they share.
 
 A learner is the algorithm: it holds the optimizers (and schedulers, references, critics) and
-turns one batch into optimizer steps through the one engine (engine.py):
-``update(batch) -> metrics`` (``BatchLearner``). The trainer is the loop around it and only
-calls these protocols.
+turns one round's rollout tree into optimizer steps through the one engine (engine.py):
+``batch(tree) -> B`` then ``update(batch) -> metrics`` (``RoundLearner``, what the round of
+``runs/round_trainer.py`` calls). The trainer is the loop around it and only calls these
+protocols.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from cmlrl_agents.runs.config import SharedConfig
 
 if TYPE_CHECKING:
     from cmlrl_agents.policies.reference import Reference
+    from cmlrl_agents.runs.rollout import RolloutTree
 
-__all__ = ["BatchLearner", "Learner", "OptimizedLearner"]
+__all__ = ["Learner", "OptimizedLearner", "RoundLearner"]
 
-B = TypeVar("B", contravariant=True)
+B = TypeVar("B")
 C = TypeVar("C", bound=SharedConfig)
 
 
@@ -54,9 +56,14 @@ class Learner(Protocol):
         ...
 
 
-class BatchLearner(Learner, Protocol[B]):
-    """A learner that takes a round's batch at once (the MAGRPO family's and the actor-critics';
-    MADPO's steps over pairs instead: ``DPOLearner.step``)."""
+class RoundLearner(Learner, Protocol[B]):
+    """A learner that trains on a round's rollout tree at once (the MAGRPO family's and the
+    actor-critics'): its batch (the rows with their credit, what the update reads), then
+    every optimizer step of it. MADPO's steps over pairs are its own (``DPOLearner.step``)."""
+
+    def batch(self, tree: RolloutTree) -> B:
+        """The round's batch: each completion with its credit, and the round's metrics."""
+        ...
 
     def update(self, batch: B) -> dict[str, float]:
         """Every optimizer step of one batch; the round's metrics."""
