@@ -36,12 +36,8 @@ from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metr
 from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import make_adamw
-from cmlrl_agents.learning.policy_step import (
-    OldScores,
-    PolicyObjective,
-    PolicyStep,
-    policy_metrics,
-)
+from cmlrl_agents.learning.policy_metrics import policy_metrics
+from cmlrl_agents.learning.policy_step import OldScores, PolicyObjective, PolicyStep
 from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.value_head import ValueModel

@@ -28,7 +28,8 @@ from cmlrl_agents.learning.credit import agent_returns, group_rows, joint_return
 from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import agent_optimizers
-from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep, policy_metrics
+from cmlrl_agents.learning.policy_metrics import policy_metrics
+from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep
 from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices

@@ -160,6 +160,22 @@ class PreferenceRewardModel:
         loss = bradley_terry_loss(*self.pair_scores(chunk)) * (len(chunk) / totals["pairs"])
         return ChunkLoss(loss, {"loss": loss.detach()})
 
+    def _step_plan(
+        self, pairs: Sequence[PreferencePair], optimizer: torch.optim.Optimizer
+    ) -> StepPlan[Sequence[PreferencePair]]:
+        """One Bradley-Terry step over ``pairs``, half ``forward_batch_size`` pairs (their two
+        texts each) per backward."""
+        per_forward = -(-self.forward_batch_size // 2) if self.forward_batch_size else None
+        size = per_forward or max(len(pairs), 1)
+        return StepPlan(
+            optimizers={"reward_model": optimizer},
+            chunks=[pairs[i : i + size] for i in range(0, len(pairs), size)],
+            count=lambda chunk: {"pairs": float(len(chunk))},
+            loss=self._chunk_loss,
+            count_keys=["pairs"],
+            sum_keys=["loss"],
+        )
+
     def accuracy(self, pairs: Sequence[PreferencePair]) -> float:
         """Share of ``pairs`` whose chosen joint response scores higher."""
         self.model.eval()
@@ -201,7 +217,6 @@ class PreferenceRewardModel:
         schedulers = make_schedulers(
             {"reward_model": optimizer}, lr_scheduler_type, warmup_steps, steps
         )
-        per_forward = -(-self.forward_batch_size // 2) if self.forward_batch_size else None
         parallel = data_parallel()
         engine = StepEngine(parallel)
         rng = random.Random(seed)
@@ -212,16 +227,7 @@ class PreferenceRewardModel:
             for start in range(0, len(order), batch_size):
                 window = order[start : start + batch_size]
                 # Under torchrun each rank scores its block of the step's pairs.
-                mine = parallel.shard(window, len(window))
-                size = per_forward or max(len(mine), 1)
-                plan = StepPlan(
-                    optimizers={"reward_model": optimizer},
-                    chunks=[mine[i : i + size] for i in range(0, len(mine), size)],
-                    count=lambda chunk: {"pairs": float(len(chunk))},
-                    loss=self._chunk_loss,
-                    count_keys=["pairs"],
-                    sum_keys=["loss"],
-                )
+                plan = self._step_plan(parallel.shard(window, len(window)), optimizer)
                 result = engine.step(plan, max_grad_norm=max_grad_norm, schedulers=schedulers)
                 losses.append(result.stats["loss"])
             metrics["reward_model/loss"] = sum(losses) / len(losses)

@@ -44,7 +44,7 @@ from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 from cmlrl_agents.runs.config import SharedConfig
 
-__all__ = ["PolicyObjective", "PolicyStep", "policy_metrics"]
+__all__ = ["OldScores", "PolicyObjective", "PolicyStep"]
 
 Entry = tuple[int, int]
 """``(k, i)``: row ``i`` of the batch, of the group's ``k``-th agent."""
@@ -395,47 +395,3 @@ def _placed(values: Sequence[Tensor], mask: Tensor) -> Tensor:
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.cat([v.to(mask.device, torch.float32) for v in values])
     return out
-
-
-def policy_metrics(
-    stats: Mapping[str, float],
-    totals: Mapping[str, float],
-    agents: Sequence[int],
-    objective: PolicyObjective,
-    num_turns: int,
-) -> dict[str, dict[str, float]]:
-    """Per agent ``agent_i``: the step's metrics from its sums (means per sample or token)."""
-    return {f"agent_{a}": _agent_metrics(stats, totals, a, objective, num_turns) for a in agents}
-
-
-_PER_TOKEN = {
-    "entropy_sum": "entropy",
-    "ratio_sum": "ratio_mean",
-    "clipped": "clipfrac",
-    "approx_kl_sum": "approx_kl",
-    "is_weight_sum": "is_weight_mean",
-}
-
-
-def _agent_metrics(
-    stats: Mapping[str, float],
-    totals: Mapping[str, float],
-    a: int,
-    objective: PolicyObjective,
-    num_turns: int,
-) -> dict[str, float]:
-    prefix = f"agent_{a}/"
-    tokens = max(totals[prefix + "tokens"], 1.0)
-    m = {"loss": stats[prefix + "loss"], "grad_norm": stats[prefix + "grad_norm"]}
-    for t in range(1, num_turns + 1):
-        kl, n = stats.get(f"{prefix}turn_{t}/kl_sum"), totals[f"{prefix}turn_{t}/samples"]
-        if kl is not None and n > 0:
-            m[f"turn_{t}/reference_kl_mean"] = kl / n
-            m[f"turn_{t}/reference_kl_penalty_mean"] = objective.kl_coef * kl / n
-    for key, name in _PER_TOKEN.items():
-        if prefix + key in stats:
-            m[name] = stats[prefix + key] / tokens
-    for key in ("ratio_max", "is_weight_max", "value_loss"):
-        if prefix + key in stats:
-            m[key] = stats[prefix + key]
-    return m

@@ -339,20 +339,7 @@ def sequence_scores(
             "every row needs at least one prompt token (use build_batch)"
         )
     temps = row_temperatures(temperature, mask.shape[0], batch.input_ids.device)
-    keep = length - first + 1  # logits at positions first-1 .. L-1; the last one predicts nothing
-    _check_vocab(model, batch.input_ids, batch.max_token)
-    kwargs: dict[str, Any] = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
-    if adapter_names is not None:
-        kwargs["adapter_names"] = list(adapter_names)
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **kwargs
-    )
-    logits = out.logits[:, -keep:]
-    if logits.shape[1] != keep:
-        raise ValueError(
-            f"the model returned logits for {out.logits.shape[1]} positions, expected at least "
-            f"{keep}; pass a causal LM whose output has one logit row per input token"
-        )
+    logits = _logits_from(model, batch, length - first + 1, adapter_names)
     targets = batch.input_ids[:, first:]
     scores = _gather_logprobs(logits[:, :-1], targets, chunk, temps, entropy, truncation)
     valid = mask.bool()
@@ -365,6 +352,27 @@ def sequence_scores(
         entropy=placed(scores.entropy),
         truncated_logprobs=placed(scores.truncated_logprobs),
     )
+
+
+def _logits_from(
+    model: nn.Module, batch: TokenBatch, keep: int, adapter_names: Sequence[str] | None
+) -> Tensor:
+    """One forward's logits at the last ``keep`` positions (``first - 1 .. L - 1``: the last
+    predicts nothing), computed only there when the model takes ``logits_to_keep``."""
+    _check_vocab(model, batch.input_ids, batch.max_token)
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    if adapter_names is not None:
+        kwargs["adapter_names"] = list(adapter_names)
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **kwargs
+    )
+    logits: Tensor = out.logits[:, -keep:]
+    if logits.shape[1] != keep:
+        raise ValueError(
+            f"the model returned logits for {out.logits.shape[1]} positions, expected at least "
+            f"{keep}; pass a causal LM whose output has one logit row per input token"
+        )
+    return logits
 
 
 def _first_scored(mask: Tensor) -> int:
