@@ -96,7 +96,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
                 args.critic_lr,
                 f"critics[{i}]",
                 args.weight_decay,
-            )  # fmt: skip
+            )
             for i, c in enumerate(self.critics)
             if not c.shared
         ]
@@ -133,10 +133,14 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         """The actors' loss settings of the current config (a value head's loss included)."""
         args, refs = self.args, self.reference_models
         return PolicyObjective.of(
-            args, len(self.agents), kl_coef=None if refs is None else args.reference_kl_coef,
-            clip_range=args.ppo_clip_range, aggregation="sequence_sum",
-            value_loss_coef=args.value_loss_coef, value_clip_range=args.value_clip_range,
-        )  # fmt: skip
+            args,
+            len(self.agents),
+            kl_coef=None if refs is None else args.reference_kl_coef,
+            clip_range=args.ppo_clip_range,
+            aggregation="sequence_sum",
+            value_loss_coef=args.value_loss_coef,
+            value_clip_range=args.value_clip_range,
+        )
 
     # -- which critic serves which agent and reads what -----------------------------------------
     def critic_index(self, agent: int) -> int:
@@ -248,9 +252,14 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
             optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
             heads = [self._head_on_actor(a) for a in group]
             plan = step.plan(
-                group, rows, window, optimizers, chunk_size=self.args.forward_batch_size,
-                old=old, heads=heads if any(h is not None for h in heads) else None,
-            )  # fmt: skip
+                group,
+                rows,
+                window,
+                optimizers,
+                chunk_size=self.args.forward_batch_size,
+                old=old,
+                heads=heads if any(h is not None for h in heads) else None,
+            )
             result = self.engine.step(
                 plan, max_grad_norm=self.args.max_grad_norm, schedulers=self.schedulers
             )
@@ -271,9 +280,14 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
             rows = [s for s in batch.samples[self.critic_agent(c)] if s.item_slot in chosen]
             name = f"critic_{c}"
             plan = critic_plan(
-                name, critic, self.critic_optimizers[c], rows, batch.inputs[c],
-                self.critic_encoders[c].pad_token_id, self.args,
-            )  # fmt: skip
+                name,
+                critic,
+                self.critic_optimizers[c],
+                rows,
+                batch.inputs[c],
+                self.critic_encoders[c].pad_token_id,
+                self.args,
+            )
             result = self.engine.step(
                 plan, max_grad_norm=self.args.max_grad_norm, schedulers=self.schedulers
             )

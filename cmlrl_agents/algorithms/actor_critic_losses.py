@@ -53,8 +53,13 @@ def critic_plan(
         old = None
         if args.value_clip_range is not None:
             old = torch.tensor([s.value for s in picked], device=device)
-        part = value_loss(values[torch.tensor(index, device=device)], targets, old,
-                          args.value_clip_range, check=False)  # fmt: skip
+        part = value_loss(
+            values[torch.tensor(index, device=device)],
+            targets,
+            old,
+            args.value_clip_range,
+            check=False,
+        )
         part = part * (len(picked) / totals[f"{name}/samples"])
         return ChunkLoss(args.value_loss_coef * part, {f"{name}/value_loss": part.detach()})
 

@@ -89,10 +89,13 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         """The loss settings of the current config."""
         args, refs = self.args, self.reference_models
         return PolicyObjective.of(
-            args, len(self.agents), kl_coef=None if refs is None else args.reference_kl_coef,
-            clip_range=args.ppo_clip_range, aggregation=args.loss_aggregation,
+            args,
+            len(self.agents),
+            kl_coef=None if refs is None else args.reference_kl_coef,
+            clip_range=args.ppo_clip_range,
+            aggregation=args.loss_aggregation,
             prefix_sharing=args.prefix_sharing,
-        )  # fmt: skip
+        )
 
     # -- the batch ------------------------------------------------------------------------------
     def batch(self, tree: RolloutTree) -> TrainBatch:

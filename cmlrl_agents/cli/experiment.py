@@ -176,8 +176,9 @@ def _task(name: str, section: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
     check_keys(compute, COMPUTE_KEYS, f"compute key of {name}")
     for key in COMPUTE_KEYS:
         if not _is_int(compute.get(key), 1):
-            raise CLIError(f"compute.{key} of task {name} must be an int >= 1, got "
-                           f"{compute.get(key)!r}.")  # fmt: skip
+            raise CLIError(
+                f"compute.{key} of task {name} must be an int >= 1, got {compute.get(key)!r}."
+            )
     if compute["train_items"] % compute["items_per_round"]:
         raise CLIError(
             f"task {name}: compute.train_items={compute['train_items']} is not a multiple of "

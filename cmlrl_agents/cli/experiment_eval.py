@@ -219,9 +219,10 @@ class EvalRecorder:
         prompts: Sequence[Any] | None = None,
     ) -> list[dict[str, float]]:
         rows = self.callbacks["eval_logger"](
-            agent_completions_turns=agent_completions_turns, batch_items=batch_items,
+            agent_completions_turns=agent_completions_turns,
+            batch_items=batch_items,
             prompts=prompts,
-        )  # fmt: skip
+        )
         for i, (row, item) in enumerate(zip(rows, batch_items, strict=True)):
             self.pending.append(self._sample(row, item, [a[i] for a in agent_completions_turns]))
         return rows
@@ -284,9 +285,13 @@ class EvalRecorder:
         compute = run.settings["compute"]
         budget = compute["items_per_round"] * compute["num_generations"] * ROLES_BUDGET
         return {
-            "task": run.task, "method": run.method, "seed": run.seed,
-            "num_turns": self.num_turns, "points": self.points,
-            "rounds": rounds, "optimizer_steps": steps,
+            "task": run.task,
+            "method": run.method,
+            "seed": run.seed,
+            "num_turns": self.num_turns,
+            "points": self.points,
+            "rounds": rounds,
+            "optimizer_steps": steps,
             "train_tokens": self.counter.train_tokens,
             "train_tokens_per_round": self.counter.train_tokens / max(rounds, 1),
             "token_budget_per_round_turn_1": budget * compute["max_new_tokens"],
@@ -296,7 +301,7 @@ class EvalRecorder:
             "eval_cpu_s_per_pass": sum(p["eval_cpu_s"] for p in self.points) / len(self.points),
             "eval_tokens_per_pass": self.counter.eval_tokens / len(self.points),
             "wall_s": wall,
-        }  # fmt: skip
+        }
 
 
 ROLES_BUDGET = 2

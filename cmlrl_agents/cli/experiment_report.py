@@ -91,13 +91,17 @@ def _measure_rows(task: str, method: str, results: list[dict[str, Any]]) -> list
         name = key.removeprefix(turn)
         if not name.startswith(("level/", "content/", "pass@")):
             continue
-        rows.append({
-            "task": task, "method": method, "measure": name,
-            "trained_on": "yes" if name.startswith("level/") else "no",
-            "before": _pm([p[key] for p in first]),
-            "after": _pm([p[key] for p in last]),
-            "change": _pm([b[key] - a[key] for a, b in zip(first, last, strict=True)]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "task": task,
+                "method": method,
+                "measure": name,
+                "trained_on": "yes" if name.startswith("level/") else "no",
+                "before": _pm([p[key] for p in first]),
+                "after": _pm([p[key] for p in last]),
+                "change": _pm([b[key] - a[key] for a, b in zip(first, last, strict=True)]),
+            }
+        )
     return rows
 
 

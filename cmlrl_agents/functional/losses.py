@@ -220,9 +220,15 @@ def policy_gradient_loss(
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     per_token = policy_token_losses(
-        logprobs, mask, advantages, old_logprobs=old_logprobs, clip_range=clip_range,
-        is_weights=is_weights, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-    )  # fmt: skip
+        logprobs,
+        mask,
+        advantages,
+        old_logprobs=old_logprobs,
+        clip_range=clip_range,
+        is_weights=is_weights,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+    )
     loss = aggregate(per_token, _bool_mask(mask, tuple(logprobs.shape)), aggregation)
     # exp(logp - old) can overflow even when every input is finite.
     check_finite("policy loss (ratio overflow? logprobs far from old_logprobs)", loss)

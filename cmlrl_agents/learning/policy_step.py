@@ -305,13 +305,23 @@ class PolicyStep:
             maxima[f"agent_{a}/is_weight_max"] = torch.where(mask, weights, 0.0).max()
         ref = ctx.reference
         per_token = policy_token_losses(
-            lp, mask, adv, old_logprobs=old_lp, clip_range=obj.clip_range if old_lp is not None
-            else None, is_weights=weights, ref_logprobs=ref, kl_coef=obj.kl_coef, check=False,
-        )  # fmt: skip
+            lp,
+            mask,
+            adv,
+            old_logprobs=old_lp,
+            clip_range=obj.clip_range if old_lp is not None else None,
+            is_weights=weights,
+            ref_logprobs=ref,
+            kl_coef=obj.kl_coef,
+            check=False,
+        )
         loss = aggregate(
-            per_token, mask, obj.aggregation, num_sequences=totals[f"agent_{a}/samples"],
+            per_token,
+            mask,
+            obj.aggregation,
+            num_sequences=totals[f"agent_{a}/samples"],
             num_tokens=max(totals[f"agent_{a}/tokens"], 1.0),
-        )  # fmt: skip
+        )
         sums[f"agent_{a}/loss"] = loss.detach()
         if ref is not None:
             kl = kl_k3_tokens(lp.detach(), ref, mask, check=False).sum(dim=1)

@@ -318,9 +318,12 @@ class LLMAgent:
         """``[B, L]`` completion log-probs of a built batch at ``temperature``: the
         ``logprobs`` of :meth:`score_tokens`."""
         return self.score_tokens(
-            batch, chunk=chunk, adapter_names=adapter_names, prefix_sharing=prefix_sharing,
+            batch,
+            chunk=chunk,
+            adapter_names=adapter_names,
+            prefix_sharing=prefix_sharing,
             temperature=temperature,
-        ).logprobs  # fmt: skip
+        ).logprobs
 
     def score_tokens(
         self,

@@ -100,8 +100,13 @@ def build_agents(
     else:
         specs = list(agents)
     if configs is not None and agent_model is not None:  # one base for the whole team
-        one = _build_one(agent_model, _tokenizer_for(tokenizer, 0, num_agents), config, 0,
-                         None if devices is None else devices[0])  # fmt: skip
+        one = _build_one(
+            agent_model,
+            _tokenizer_for(tokenizer, 0, num_agents),
+            config,
+            0,
+            None if devices is None else devices[0],
+        )
         team = attach_adapters([one] * num_agents, configs)
         same_device(team, devices)
         return team

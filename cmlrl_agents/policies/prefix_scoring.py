@@ -237,9 +237,14 @@ def _shared_scores(
     device = batch.input_ids.device
     ids, attn, positions = _left_padded(groups.prompts, 0, device)  # pads are masked: any id
     first_logits, cache = _forward(
-        model, 1, _names(groups.names), input_ids=ids, attention_mask=attn,
-        position_ids=positions, cache=DynamicCache(),
-    )  # fmt: skip
+        model,
+        1,
+        _names(groups.names),
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=positions,
+        cache=DynamicCache(),
+    )
     group = torch.tensor(groups.group, device=device)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
     wanted = {"logprobs": True, "entropy": entropy, "truncated_logprobs": truncation is not None}
@@ -301,10 +306,14 @@ def _continuation_logprobs(
         cont_len, device=device
     )
     logits, _ = _forward(
-        model, cont_len, names, input_ids=ids[:, :cont_len],
+        model,
+        cont_len,
+        names,
+        input_ids=ids[:, :cont_len],
         attention_mask=torch.cat([prompt_attn[group], attn], dim=1),
-        position_ids=positions, cache=cache,
-    )  # fmt: skip
+        position_ids=positions,
+        cache=cache,
+    )
     return _gather_logprobs(logits, ids[:, 1:], chunk, temps, entropy, truncation)
 
 
@@ -340,9 +349,13 @@ def shared_prompt_cache(
         kwargs["adapter_names"] = [names[int(i)] for i in first]
     cache = DynamicCache()
     model(
-        input_ids=input_ids[first, :-1], attention_mask=attention_mask[first, :-1],
-        position_ids=positions[first, :-1], use_cache=True, **{keyword: cache}, **kwargs,
-    )  # fmt: skip
+        input_ids=input_ids[first, :-1],
+        attention_mask=attention_mask[first, :-1],
+        position_ids=positions[first, :-1],
+        use_cache=True,
+        **{keyword: cache},
+        **kwargs,
+    )
     if cache.get_seq_length() != input_ids.shape[1] - 1:
         return {}  # the model kept no cache: generate runs the whole prompt
     cache.batch_select_indices(torch.tensor(owner, device=input_ids.device))

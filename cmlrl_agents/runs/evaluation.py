@@ -137,16 +137,25 @@ class Evaluator:
     num_turns: int
 
     def trees(
-        self, items: Sequence[tuple[int, Mapping[str, Any]]], batch_size: int,
-        sampling: Sequence[SamplingConfig], sample_key: int,
-    ) -> list[RolloutTree]:  # fmt: skip
+        self,
+        items: Sequence[tuple[int, Mapping[str, Any]]],
+        batch_size: int,
+        sampling: Sequence[SamplingConfig],
+        sample_key: int,
+    ) -> list[RolloutTree]:
         """The eval items' trees, rolled out without touching any global random stream."""
         assert self.env is not None
         with isolated_rng():
             return collect_eval_trees(
-                self.env, self.agents, items, batch_size, sampling, self.backend,
-                self.parallel, sample_key,
-            )  # fmt: skip
+                self.env,
+                self.agents,
+                items,
+                batch_size,
+                sampling,
+                self.backend,
+                self.parallel,
+                sample_key,
+            )
 
     def metrics(self, trees: list[RolloutTree], discount: float) -> dict[str, float]:
         """The standard ``eval/turn_k/...`` metrics of ``trees``."""

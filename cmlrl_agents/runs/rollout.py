@@ -152,7 +152,7 @@ def collect_tree(
                 num_generations,
                 per_agent[a],
                 None if keys is None else keys[a],
-            )  # fmt: skip
+            )
             for a in range(len(agents))
         ]
         completions = backend.generate(agents, requests)

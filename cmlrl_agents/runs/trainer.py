@@ -212,9 +212,12 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
         """
         self._prepare_schedule()
         return self.checkpointer.save(
-            self.items_seen, self.learner, self._run_state(),
-            keep_last=self.args.save_total_limit, weights_only=self.args.save_only_model,
-        )  # fmt: skip
+            self.items_seen,
+            self.learner,
+            self._run_state(),
+            keep_last=self.args.save_total_limit,
+            weights_only=self.args.save_only_model,
+        )
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore a checkpoint folder, or ``"latest"`` under this run's ``checkpoints/``.
