@@ -57,11 +57,12 @@ class MAGRPOConfig(SharedConfig):
     (``train_batch_size < rollout_buffer_size``): the later steps train on samples of a policy
     that has moved since. A round of one step is on-policy and needs none (None: refuse rounds
     of several steps)."""
-    reference_kl_enabled: bool = False
-    """Penalise divergence from a frozen copy of each agent's initial weights. Off by default;
-    on the seed's length-ratio program it learned more in one epoch over six seeds (mean reward
-    after 0.72, against 0.63 without; docs/experiments.md), at the memory of a frozen copy per
-    fully fine-tuned agent."""
+    reference_kl_enabled: bool = True
+    """Penalise divergence from the agents' initial weights (``reference_kl_coef`` times the k3
+    KL estimate in the loss). On by default, unlike comlrl (docs/experiments.md: it learned more
+    on the seed's program over six seeds); it costs a no-gradient reference forward per update
+    and, with full fine-tuning, one frozen copy per distinct initial model (adapter agents use
+    their base with adapters off). False turns it off."""
     reference_kl_coef: float = 0.1
     mask_truncated_completions: bool = False
     """Leave completions cut at ``max_new_tokens`` (no EOS) out of the loss, as TRL's option of

@@ -1,6 +1,7 @@
 """The frozen reference policy of the KL penalty, shared by every learner.
 
-With ``reference_kl_enabled`` a learner keeps a frozen copy of each agent's initial weights and
+With ``reference_kl_enabled`` a learner keeps a frozen copy of each agent's initial weights (one
+for the agents that start from the same weights) and
 adds ``reference_kl_coef`` times the k3 estimate of KL(policy || reference) to the agent's loss
 (TRL-style: a loss term, no extra policy forward). Adapter agents (``peft_config``) need no
 copy: their reference is the shared base with its adapters disabled (:class:`BaseWithoutAdapters`).
@@ -48,7 +49,8 @@ Reference = torch.nn.Module | BaseWithoutAdapters
 
 def reference_policies(agents: Sequence[Any], devices: Sequence[torch.device] | None) -> list[Any]:
     """Per agent its reference: the adapters' base (one per shared base, no copy) for an adapter
-    agent, else a frozen copy of its model on ``devices[i]`` when given."""
+    agent, else a frozen copy of its model on ``devices[i]`` when given, one copy for all the
+    agents whose initial weights are equal (and that would place it on the same device)."""
     if devices is not None and any(a.adapter is not None for a in agents):
         raise ValueError(
             f"reference_devices={[str(d) for d in devices]} places frozen reference copies, but "
@@ -56,13 +58,37 @@ def reference_policies(agents: Sequence[Any], devices: Sequence[torch.device] | 
             "adapters disabled. Leave reference_devices unset."
         )
     bases: dict[int, BaseWithoutAdapters] = {}
+    copies: list[torch.nn.Module] = []
     out: list[Any] = []
     for i, agent in enumerate(agents):
-        if agent.adapter is None:
-            out.append(_frozen_copy(agent.model, None if devices is None else devices[i]))
-        else:
+        if agent.adapter is not None:
             out.append(bases.setdefault(id(agent.model), BaseWithoutAdapters(agent.model)))
+            continue
+        device = None if devices is None else devices[i]
+        # Agents that start from the same weights (a homogeneous team) share one frozen copy:
+        # the reference is the initial policy, the same for all of them.
+        ref = next((r for r in copies if _same_weights(agent.model, r, device)), None)
+        if ref is None:
+            ref = _frozen_copy(agent.model, device)
+            copies.append(ref)
+        out.append(ref)
     return out
+
+
+def _same_weights(model: torch.nn.Module, ref: torch.nn.Module, device: torch.device | None) -> bool:
+    if type(model) is not type(ref):
+        return False
+    mine, theirs = model.state_dict(), ref.state_dict()
+    if mine.keys() != theirs.keys():
+        return False
+    # Where this agent's own copy would be: ``device``, else where its model is.
+    where = device if device is not None else next(model.parameters()).device
+    if any(t.device != torch.device(where) for t in theirs.values()):
+        return False
+    return all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.to(b.device), b)
+        for a, b in ((mine[k], theirs[k]) for k in mine)
+    )
 
 
 def _frozen_copy(model: torch.nn.Module, device: torch.device | None) -> torch.nn.Module:

@@ -224,6 +224,22 @@ def test_reference_kl_metrics(tmp_path):
     )
 
 
+def test_agents_from_the_same_weights_share_one_frozen_reference():
+    from cmlrl_agents.policies.reference import reference_policies
+
+    same = [tiny_agent(seed=0), tiny_agent(seed=0), tiny_agent(seed=1)]
+    refs = reference_policies(same, None)
+    assert refs[0] is refs[1] and refs[2] is not refs[0]
+    for agent, ref in zip(same, refs, strict=True):
+        assert ref is not agent.model and not any(p.requires_grad for p in ref.parameters())
+        for a, b in zip(agent.model.parameters(), ref.parameters(), strict=True):
+            assert torch.equal(a, b)
+    with torch.no_grad():  # one weight apart: a copy of its own
+        next(same[1].model.parameters()).add_(1e-3)
+    refs = reference_policies(same, None)
+    assert len({id(r) for r in refs}) == 3
+
+
 def test_forward_chunks_give_the_same_reference_kl_stats(tmp_path):
     rows = [row(i // 2, 1 + i % 2, (1, 5, 9), tuple(range(10, 13 + i)), 0.5 - i) for i in range(4)]
     stats = []
