@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for values in CPU.values():  # a second main() in one process starts afresh
         values.clear()
     from cmlrl_agents import smollm2_path
-    from cmlrl_agents.runs.rollout import collect_tree
+    from cmlrl_agents.foundation.rollout import collect_tree
 
     model_dir = args.model or str(smollm2_path())
     torch.manual_seed(0)

@@ -15,8 +15,8 @@ import argparse
 from pathlib import Path
 
 from cmlrl_agents import ScriptedPolicy, draw_rollout_tree, rollout_tree_view
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.agent import SamplingConfig
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_env import Task
 from cmlrl_env.tasks import feedback_dataset, feedback_ratio_reward, length_feedback
 

@@ -88,7 +88,7 @@ def test_the_public_api_functional_learning_and_configs_are_strict() -> None:
         "cmlrl_agents",
         "cmlrl_agents.functional.losses",
         "cmlrl_agents.learning.engine",
-        "cmlrl_agents.runs.config",
+        "cmlrl_agents.foundation.config",
         "cmlrl_agents.algorithms.magrpo_config",
         "cmlrl_agents.algorithms.actor_critic_config",
         "cmlrl_agents.algorithms.preference_config",

@@ -32,14 +32,14 @@ from cmlrl_agents.algorithms.actor_critic_checks import check_critic_args, criti
 from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
 from cmlrl_agents.algorithms.actor_critic_learner import ActorCriticLearner
 from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample
+from cmlrl_agents.foundation.distributed import aggregate_metrics
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.build import build_agents
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.model_setup import disable_dropout
 from cmlrl_agents.policies.reference import reference_policies
 from cmlrl_agents.policies.value_head import ValueModel
-from cmlrl_agents.runs.distributed import aggregate_metrics
-from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_agents.runs.round_trainer import RoundTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords, check_team_keywords
 from cmlrl_agents.runs.trainer_setup import team_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cmlrl_agents.runs.config import SharedConfig
+from cmlrl_agents.foundation.config import SharedConfig
 
 __all__ = ["ActorCriticConfig", "IACConfig", "MAACConfig"]
 

@@ -31,6 +31,9 @@ from cmlrl_agents.algorithms.actor_critic_rollouts import (
     value_metrics,
 )
 from cmlrl_agents.algorithms.policy_gradient import mean_metrics, step_groups
+from cmlrl_agents.foundation.distributed import data_parallel
+from cmlrl_agents.foundation.metrics import kl_turn_means
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
 from cmlrl_agents.learning.engine import StepEngine
@@ -41,9 +44,6 @@ from cmlrl_agents.learning.policy_step import OldScores, PolicyObjective, Policy
 from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.value_head import ValueModel
-from cmlrl_agents.runs.distributed import data_parallel
-from cmlrl_agents.runs.metrics import kl_turn_means
-from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_env.core import EpisodeState
 
 __all__ = ["ActorCriticBatch", "ActorCriticLearner"]

@@ -1,8 +1,8 @@
 """Actor-critic rollouts: the tree as chains of turns, GAE over them, and the samples.
 
-Pure bookkeeping over a :class:`~cmlrl_agents.runs.rollout.RolloutTree` and tensors (no model):
-which
-joint action continues which chain, the GAE advantages and returns of every joint action, and the
+Pure bookkeeping over a :class:`~cmlrl_agents.foundation.rollout.RolloutTree` and tensors (no
+model): which joint action continues which chain, the GAE advantages and returns of every joint
+action, and the
 :class:`RolloutSample` records the learner trains on and ``metrics_callback`` reads.
 
 Chains: with ``num_generations = G`` in a single turn, each of an item's G joint actions is its own
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cmlrl_agents.foundation.distributed import DataParallel
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import PolicyRow
-from cmlrl_agents.runs.distributed import DataParallel
-from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = [
     "RolloutSample",

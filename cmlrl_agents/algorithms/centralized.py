@@ -18,7 +18,7 @@ from typing import Any, Unpack
 
 from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer, eval_chains
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
-from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.runs.trainer_checks import check_given_task
 from cmlrl_agents.runs.trainer_keywords import TASK_PIECES, TeamKeywords, check_team_keywords
 from cmlrl_env import Formatters, RewardFunction, TaskSpec

@@ -21,7 +21,7 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
-from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.runs.round_trainer import RoundTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 from cmlrl_agents.runs.tree_plot import save_rollout_tree

@@ -23,6 +23,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
+from cmlrl_agents.foundation.distributed import data_parallel
+from cmlrl_agents.foundation.metrics import kl_turn_means, turn_key
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import TrainBatch
 from cmlrl_agents.learning.credit import agent_returns, group_rows, joint_returns, round_metrics
 from cmlrl_agents.learning.engine import StepEngine
@@ -34,9 +37,6 @@ from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_policies
-from cmlrl_agents.runs.distributed import data_parallel
-from cmlrl_agents.runs.metrics import kl_turn_means, turn_key
-from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = ["PolicyGradientLearner", "mean_metrics", "step_groups"]
 

@@ -19,7 +19,7 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.algorithms.preference_pairs import PAIR_SELECTIONS
-from cmlrl_agents.runs.config import SAMPLING_KEYS, SharedConfig
+from cmlrl_agents.foundation.config import SAMPLING_KEYS, SharedConfig
 
 __all__ = [
     "MADPOConfig",

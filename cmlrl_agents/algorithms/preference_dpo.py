@@ -28,6 +28,7 @@ from torch import Tensor
 from cmlrl_agents.algorithms.policy_gradient import step_groups
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
+from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.functional.preference_losses import dpo_loss, joint_log_ratio
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
 from cmlrl_agents.learning.learner import OptimizedLearner
@@ -37,7 +38,6 @@ from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_logprobs, reference_policies
 from cmlrl_agents.policies.tokens import build_batch
-from cmlrl_agents.runs.distributed import data_parallel
 
 __all__ = ["DPOLearner", "PreparedPairs", "pair_tokens"]
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.runs.redaction import REDACTED, is_secret_value
-from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_env._errors import add_context
 
 __all__ = [

@@ -26,9 +26,9 @@ from cmlrl_agents.algorithms.preference_pairs import (
     pairs_from_tree,
     save_pairs,
 )
+from cmlrl_agents.foundation.metrics import turn_key
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.sampling import row_key
-from cmlrl_agents.runs.metrics import turn_key
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.runs.trainer import TeamTrainer
 from cmlrl_agents.runs.trainer_base import PAIR_KEYS, LearnerT
 from cmlrl_agents.runs.trainer_keywords import check_team_keywords

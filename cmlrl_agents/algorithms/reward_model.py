@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
+from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.functional.preference_losses import bradley_terry_loss, pair_accuracy
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
 from cmlrl_agents.learning.optim import make_adamw
 from cmlrl_agents.learning.schedules import make_schedulers
-from cmlrl_agents.runs.distributed import data_parallel
 
 __all__ = ["PreferenceRewardModel", "joint_text", "split_pairs"]
 

@@ -27,7 +27,7 @@ from cmlrl_agents.cli.spec import CLIError, apply_overrides, load_spec, one_line
 # Each command imports what it needs when it runs, so that `cmlrl --help` and a usage error
 # answer at once, and `cmlrl check` loads no model library (torch, transformers, peft).
 if TYPE_CHECKING:
-    from cmlrl_agents.runs.config import SharedConfig
+    from cmlrl_agents.foundation.config import SharedConfig
 
 __all__ = ["main"]
 

@@ -22,8 +22,8 @@ from cmlrl_agents.cli.tasks import (
     build_task,
     check_keys,
 )
+from cmlrl_agents.foundation.config import SharedConfig
 from cmlrl_agents.policies.model_keys import MODEL_CONFIG_KEYS
-from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_agents.runs.logging_config import WANDB_CONFIG_KEYS
 
 __all__ = [

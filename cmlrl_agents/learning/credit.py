@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cmlrl_agents.foundation.metrics import turn_key
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.functional.returns import cross_credit, gae, held_rewards, tree_returns
 from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.policies.agent import Completion
-from cmlrl_agents.runs.metrics import turn_key
-from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = [
     "agent_returns",

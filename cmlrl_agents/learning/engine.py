@@ -8,7 +8,7 @@ Every family's optimizer step is the same sequence, written once here:
    that every chunk's loss is normalised by the *step's* totals (``totals``): the chunks' and
    the ranks' losses then add up to the loss of the whole step in one process;
 3. for each chunk (``forward_batch_size`` rows at most): its loss, then ``backward``;
-4. sum the gradients over the ranks (one all-reduce per parameter: see runs/distributed.py);
+4. sum the gradients over the ranks (one all-reduce per parameter: see foundation/distributed.py);
 5. each optimizer's gradient norm; the step's statistics summed (and maxima taken) over the
    ranks on the device, then read on the host ONCE, with the norms: each read waits for the
    device, so the chunks never read;
@@ -28,7 +28,7 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-from cmlrl_agents.runs.distributed import DataParallel
+from cmlrl_agents.foundation.distributed import DataParallel
 
 __all__ = ["ChunkLoss", "StepEngine", "StepPlan", "StepResult"]
 

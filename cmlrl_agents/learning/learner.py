@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
+from cmlrl_agents.foundation.config import SharedConfig
 from cmlrl_agents.learning.schedules import apply_learning_rates, make_schedulers
-from cmlrl_agents.runs.config import SharedConfig
 
 if TYPE_CHECKING:
+    from cmlrl_agents.foundation.rollout import RolloutTree
     from cmlrl_agents.policies.reference import Reference
-    from cmlrl_agents.runs.rollout import RolloutTree
 
 __all__ = ["Learner", "OptimizedLearner", "RoundLearner"]
 

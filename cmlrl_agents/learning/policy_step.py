@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from cmlrl_agents.foundation.config import SharedConfig
 from cmlrl_agents.functional.losses import (
     aggregate,
     kl_k3_tokens,
@@ -42,7 +43,6 @@ from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import Truncation
 from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
-from cmlrl_agents.runs.config import SharedConfig
 
 __all__ = ["OldScores", "PolicyObjective", "PolicyStep"]
 

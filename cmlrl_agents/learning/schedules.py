@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from transformers import get_scheduler
 
-from cmlrl_agents.runs.config import LR_SCHEDULER_TYPES
+from cmlrl_agents.foundation.config import LR_SCHEDULER_TYPES
 
 __all__ = [
     "LR_SCHEDULER_TYPES",

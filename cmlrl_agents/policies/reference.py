@@ -75,7 +75,9 @@ def reference_policies(agents: Sequence[Any], devices: Sequence[torch.device] | 
     return out
 
 
-def _same_weights(model: torch.nn.Module, ref: torch.nn.Module, device: torch.device | None) -> bool:
+def _same_weights(
+    model: torch.nn.Module, ref: torch.nn.Module, device: torch.device | None
+) -> bool:
     if type(model) is not type(ref):
         return False
     mine, theirs = model.state_dict(), ref.state_dict()

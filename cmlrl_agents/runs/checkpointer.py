@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cmlrl_agents.foundation.distributed import DataParallel
 from cmlrl_agents.learning.learner import Learner
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.runs.checkpoint import (
@@ -22,7 +23,6 @@ from cmlrl_agents.runs.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from cmlrl_agents.runs.distributed import DataParallel
 from cmlrl_agents.runs.run_dirs import clear_checkpoints, foreign_checkpoints
 
 __all__ = ["Checkpointer", "save_models"]

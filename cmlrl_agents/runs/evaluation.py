@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from cmlrl_agents.foundation.distributed import DataParallel
+from cmlrl_agents.foundation.rollout import GroupStepEnv, RolloutTree, collect_tree
 from cmlrl_agents.functional.returns import ended_chain_returns
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.generation import GenerationBackend
-from cmlrl_agents.runs.distributed import DataParallel
-from cmlrl_agents.runs.rollout import GroupStepEnv, RolloutTree, collect_tree
 from cmlrl_env import CoMLRLEnv
 
 __all__ = [

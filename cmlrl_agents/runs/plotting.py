@@ -10,7 +10,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from cmlrl_agents.runs.metrics import turn_key
+from cmlrl_agents.foundation.metrics import turn_key
 
 __all__ = ["plot_metrics", "plot_run", "reward_figure"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from cmlrl_agents.foundation.config import SharedConfig
+from cmlrl_agents.foundation.distributed import aggregate_metrics, turn_weights
+from cmlrl_agents.foundation.rollout import RolloutTree, collect_tree
 from cmlrl_agents.learning.learner import RoundLearner
-from cmlrl_agents.runs.config import SharedConfig
-from cmlrl_agents.runs.distributed import aggregate_metrics, turn_weights
-from cmlrl_agents.runs.rollout import RolloutTree, collect_tree
 from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
 
 __all__ = ["RoundTrainer"]

@@ -20,13 +20,13 @@ from typing import Any
 from datasets import Dataset, IterableDataset
 from transformers import set_seed
 
+from cmlrl_agents.foundation.metrics import reward_postfix
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.schedules import round_sizes
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.evaluation import isolated_rng
 from cmlrl_agents.runs.logging import ProgressBar
-from cmlrl_agents.runs.metrics import reward_postfix
 from cmlrl_agents.runs.plotting import plot_metrics
-from cmlrl_agents.runs.rollout import RolloutTree
 from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer_base import EVAL_KEYS, ConfigT, LearnerT, TrainerBase
 from cmlrl_agents.runs.trainer_checks import (

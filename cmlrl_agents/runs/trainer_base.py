@@ -18,6 +18,8 @@ import torch
 from transformers import set_seed
 
 from cmlrl_agents._checks import check_eval_dataset
+from cmlrl_agents.foundation.config import SharedConfig
+from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.learning.learner import Learner
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.backends import make_backend
@@ -28,8 +30,6 @@ from cmlrl_agents.policies.model_setup import disable_dropout
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.checkpointer import Checkpointer, save_models
-from cmlrl_agents.runs.config import SharedConfig
-from cmlrl_agents.runs.distributed import data_parallel
 from cmlrl_agents.runs.evaluation import Evaluator
 from cmlrl_agents.runs.logging import MetricsLogger
 from cmlrl_agents.runs.run_dirs import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cmlrl_agents.foundation.config import SharedConfig
 from cmlrl_agents.policies.devices import resolve_devices
-from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_env import TaskSpec
 
 __all__ = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cmlrl_agents.foundation.config import SharedConfig
 from cmlrl_agents.policies.build import resolve_num_agents
-from cmlrl_agents.runs.config import SharedConfig
 from cmlrl_agents.runs.trainer_checks import check_given_task
 from cmlrl_env import CoMLRLEnv, TaskSpec
 

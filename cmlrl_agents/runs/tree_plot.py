@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from cmlrl_agents.runs.rollout import RolloutTree
+from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.runs.tree_view import TreeNode, TreeView, rollout_tree_view
 
 __all__ = ["MAX_PNG_LEAVES", "draw_rollout_tree", "save_rollout_tree", "write_tree_html"]

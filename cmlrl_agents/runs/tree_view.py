@@ -1,8 +1,8 @@
 """One task item's rollout tree as plain numbers and texts: what MAGRPO saw in one round.
 
-``rollout_tree_view`` walks a :class:`~cmlrl_agents.runs.rollout.RolloutTree` and, for one item,
-lists every joint action (a node) with each agent's prompt and completion, the reward, the return
-(reward + ``discount`` × mean return of the children) and each agent's advantage over its G
+``rollout_tree_view`` walks a :class:`~cmlrl_agents.foundation.rollout.RolloutTree` and, for one
+item, lists every joint action (a node) with each agent's prompt and completion, the reward, the
+return (reward + ``discount`` × mean return of the children) and each agent's advantage over its G
 siblings. The numbers come from the same pure functions the trainer uses
 (``RolloutTree.returns``, ``RolloutTree.agent_returns``, ``group_advantages``), so the picture
 drawn from a view (``cmlrl_agents.runs.tree_plot``) shows exactly what the update used.
@@ -20,9 +20,9 @@ from typing import Any
 
 from torch import Tensor
 
+from cmlrl_agents.foundation.rollout import Level, RolloutTree
 from cmlrl_agents.functional.advantages import BASELINES, group_advantages
 from cmlrl_agents.learning.credit import agent_returns, joint_returns
-from cmlrl_agents.runs.rollout import Level, RolloutTree
 
 __all__ = ["TreeNode", "TreeView", "rollout_tree_view"]
 

@@ -38,7 +38,7 @@ from cmlrl_agents import (
     MARLHFTrainer,
     PreferenceRewardModel,
 )
-from cmlrl_agents.runs.distributed import data_parallel
+from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_reward_model, tiny_tokenizer
 
 CALLS = {"reward": 0}

@@ -14,11 +14,11 @@ from datasets import Dataset
 from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.algorithms.actor_critic_rollouts import agent_rollouts
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.learning.credit import chain_credit
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
 from cmlrl_agents.policies.value_head import ValueModel
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import Task
 from cmlrl_env.tasks import (

@@ -10,9 +10,9 @@ import torch
 from peft import LoraConfig
 
 from cmlrl_agents import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.tokens import build_batch
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 

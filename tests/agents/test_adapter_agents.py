@@ -11,8 +11,8 @@ from peft import LoraConfig, PeftModel, PrefixTuningConfig, get_peft_model
 from safetensors.torch import load_file
 
 from cmlrl_agents import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 

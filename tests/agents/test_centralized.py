@@ -17,9 +17,9 @@ from cmlrl_agents.algorithms.centralized import (
     joint_prompt,
     split_roles,
 )
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import code_tasks, writing_tasks
 

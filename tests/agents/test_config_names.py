@@ -18,7 +18,7 @@ from cmlrl_agents import (
     MARLHFConfig,
 )
 from cmlrl_agents.cli.commands import main
-from cmlrl_agents.runs.config_names import FOREIGN_NAMES, SAME_AS_TRL
+from cmlrl_agents.foundation.config_names import FOREIGN_NAMES, SAME_AS_TRL
 from cmlrl_agents.testing import tiny_agent
 
 ROOT = Path(__file__).resolve().parents[2]

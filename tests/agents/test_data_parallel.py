@@ -20,7 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cmlrl_agents.runs.distributed import DataParallel, aggregate_metrics, shard_round, turn_weights
+from cmlrl_agents.foundation.distributed import (
+    DataParallel,
+    aggregate_metrics,
+    shard_round,
+    turn_weights,
+)
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 
 SCRIPT = Path(__file__).with_name("dp_train_script.py")

@@ -9,10 +9,10 @@ import torch
 from peft import LoraConfig
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.adapters import attach_adapters
 from cmlrl_agents.policies.agent import Completion, SamplingConfig
 from cmlrl_agents.policies.generation import GenerationBackend, GenerationRequest, HFGenerate
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 from cmlrl_env.core import Task

@@ -9,9 +9,9 @@ import pytest
 from datasets import Dataset
 
 from cmlrl_agents import IACConfig, MAACConfig, MAGRPOConfig
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import CoMLRLEnv, RewardProcessors, Task
 from cmlrl_env.task_check import check_task

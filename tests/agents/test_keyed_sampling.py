@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.sampling import CandidateSampler, keyed_uniforms, row_key
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import CoMLRLEnv, tasks
 

@@ -13,6 +13,7 @@ from test_actor_critic import chain_tree
 from test_magrpo_trainer import make_trainer, record_step_gradients
 from torch import nn
 
+from cmlrl_agents.foundation.distributed import DataParallel
 from cmlrl_agents.functional.losses import (
     aggregate,
     policy_gradient_loss,
@@ -25,7 +26,6 @@ from cmlrl_agents.learning.credit import chain_credit, joint_returns
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
 from cmlrl_agents.policies.sampling import candidates
 from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
-from cmlrl_agents.runs.distributed import DataParallel
 from cmlrl_agents.testing import tiny_agent
 
 LN2 = math.log(2.0)

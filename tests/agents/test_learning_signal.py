@@ -11,13 +11,13 @@ from datasets import Dataset
 
 from cmlrl_agents import MAGRPOTrainer
 from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig, MAREINFORCEConfig
+from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.functional.advantages import group_advantages
 from cmlrl_agents.functional.returns import tree_returns
 from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
 from cmlrl_agents.policies import model_setup
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
-from cmlrl_agents.runs.rollout import collect_tree
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import Task, tasks
 

@@ -562,7 +562,7 @@ def test_seed_002_program_runs_with_only_its_imports_changed(tiny_model_dir, tmp
 def test_mask_truncated_completions_leaves_cut_answers_out_of_the_loss_not_the_groups(
     tmp_path,
 ) -> None:
-    from cmlrl_agents.runs.rollout import collect_tree
+    from cmlrl_agents.foundation.rollout import collect_tree
 
     trainer = make_trainer(tmp_path, max_new_tokens=3, num_generations=4)
     data = tasks.length_ratio_dataset()

@@ -12,10 +12,10 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MAReMaxConfig,
     MARLOOConfig,
 )
+from cmlrl_agents.foundation.rollout import collect_tree, joint_indices
 from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
-from cmlrl_agents.runs.rollout import collect_tree, joint_indices
 from cmlrl_env import Task
 
 SAMPLING = SamplingConfig(max_new_tokens=4)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cmlrl_agents.runs.metrics import reward_postfix, turn_key
+from cmlrl_agents.foundation.metrics import reward_postfix, turn_key
 
 
 def test_turn_key_builds_the_spec_names() -> None:
@@ -24,7 +24,7 @@ def test_the_progress_postfix_reads_each_turns_reward_mean() -> None:
 
 
 def test_team_kl_means_cover_the_turns_every_agent_has() -> None:
-    from cmlrl_agents.runs.metrics import kl_turn_means, kl_turn_stats
+    from cmlrl_agents.foundation.metrics import kl_turn_means, kl_turn_stats
 
     agent_0 = kl_turn_stats({1: [0.1, 0.3], 2: [0.5]}, coef=0.5)
     agent_1 = kl_turn_stats({1: [0.4]}, coef=0.5)

@@ -8,7 +8,7 @@ import math
 from dataclasses import fields
 from typing import Any, ClassVar, Self
 
-from cmlrl_agents.runs.config_names import unknown_field_message
+from cmlrl_agents.foundation.config_names import unknown_field_message
 
 __all__ = ["ValidatedConfig"]
 

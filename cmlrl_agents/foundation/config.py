@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cmlrl_agents.runs.validated import ValidatedConfig
+from cmlrl_agents.foundation.validated import ValidatedConfig
 from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD
 
 if TYPE_CHECKING:
