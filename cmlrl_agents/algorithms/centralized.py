@@ -230,7 +230,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             batch_items=items,
             prompts=[item.get("prompt") for item in items],
         )
-        metrics = dict(self.eval_aggregator(rows, num_turns=self.args.num_turns))
+        metrics = dict(self.eval_aggregator(rows, num_turns=self.num_turns))
         parsed = [
             split_roles(t, self.num_roles) is not None
             for tree in trees

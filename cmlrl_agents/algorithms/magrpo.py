@@ -135,7 +135,7 @@ class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
             prompts=[item.get("prompt") for item in items],
         )
         return finite_metrics(
-            self.eval_aggregator(rows, num_turns=self.args.num_turns), "eval_aggregator"
+            self.eval_aggregator(rows, num_turns=self.num_turns), "eval_aggregator"
         )
 
     # -- one round (runs/round_trainer.py) ----------------------------------------------------

@@ -143,7 +143,6 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
         task = self.spec.replace(
             reward_func=self.reward_model,
             reward_processor=None,  # the processor shapes the task reward, not the learned one
-            early_termination_threshold=rl_args.early_termination_threshold,
         )
         trainer = RL_TRAINERS[self.args.rl_algorithm](
             agents=self.agents,

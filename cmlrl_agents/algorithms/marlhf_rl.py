@@ -22,7 +22,7 @@ from cmlrl_agents.algorithms.magrpo import (
     MAReMaxTrainer,
     MARLOOTrainer,
 )
-from cmlrl_agents.algorithms.preference_config import GENERATION_FIELDS, RL_CONFIGS, MARLHFConfig
+from cmlrl_agents.algorithms.preference_config import RL_CONFIGS, SHARED_FIELDS, MARLHFConfig
 from cmlrl_agents.runs.trainer import TeamTrainer
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 
@@ -91,7 +91,8 @@ def check_rl_options(options: Mapping[str, Any] | None, rl_algorithm: str) -> di
 def rl_config(args: MARLHFConfig, run_dir: Path) -> Any:
     """The RL phase's config: a copy of ``args.rl_args`` (or the algorithm's defaults) with
     ``output_dir`` ``<run_dir>/rl``, MARLHF's seed unless given, and MARLHF's generation
-    settings (``GENERATION_FIELDS``: the config refused rl_args that set others)."""
+    settings and termination threshold (``SHARED_FIELDS``: the config refused rl_args that set
+    others)."""
     # MARLHFConfig checked rl_args against rl_algorithm when it was built or assigned.
     config_class = RL_CONFIGS[args.rl_algorithm]
     rl = config_class() if args.rl_args is None else copy.deepcopy(args.rl_args)
@@ -99,6 +100,6 @@ def rl_config(args: MARLHFConfig, run_dir: Path) -> Any:
         rl.output_dir = str(run_dir / "rl")
     if rl.seed is None:
         rl.seed = args.seed
-    for name in GENERATION_FIELDS:
+    for name in SHARED_FIELDS:
         setattr(rl, name, copy.deepcopy(getattr(args, name)))
     return rl

@@ -33,6 +33,9 @@ __all__ = [
 GENERATION_FIELDS = (*SAMPLING_KEYS, "agent_sampling", "generation_backend")
 """What MARLHF's pairs and its RL phase generate with: MARLHF's values (rl_args may leave them
 at their defaults or repeat them, never differ)."""
+SHARED_FIELDS = (*GENERATION_FIELDS, "early_termination_threshold")
+"""MARLHF's values for its RL phase too: the generation settings and the task's termination
+threshold (the RL phase plays MARLHF's task, whose spec owns it)."""
 
 RL_CONFIGS: dict[str, type[SharedConfig]] = {
     "magrpo": MAGRPOConfig,
@@ -172,12 +175,12 @@ class MARLHFConfig(PreferenceConfig):
                 f"or pass {config_class.__name__}(...)."
             )
         defaults = config_class()
-        for name in GENERATION_FIELDS:
+        for name in SHARED_FIELDS:
             mine, theirs = getattr(self, name), getattr(rl, name)
             if theirs != mine and theirs != getattr(defaults, name):
                 raise ValueError(
                     f"rl_args.{name}={theirs!r} differs from {name}={mine!r}: MARLHF's pairs and "
-                    f"its RL phase generate with one setting, this config's; set {name} on "
+                    f"its RL phase share one setting, this config's; set {name} on "
                     f"{type(self).__name__} and leave rl_args.{name} at its default."
                 )
         if rl.num_turns != 1:

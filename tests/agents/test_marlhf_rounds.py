@@ -243,3 +243,14 @@ def test_the_pairs_and_the_rl_phase_generate_through_one_backend_with_marlhfs_se
     assert spy.calls[0] == 0 and spy.syncs > 0 and spy.calls[-1] > 0
     with pytest.raises(ValueError, match=r"rl_args.temperature=0.7 differs from temperature=0.9"):
         MARLHFConfig(temperature=0.9, rl_args=MAGRPOConfig(temperature=0.7))
+
+
+def test_the_rl_phase_plays_marlhfs_task_with_its_termination_threshold(tmp_path):
+    trainer = make_trainer(tmp_path / "run", early_termination_threshold=0.3, eval_interval=0)
+    assert trainer.rl_trainer.spec.early_termination_threshold == 0.3
+    assert trainer.rl_trainer.args.early_termination_threshold == 0.3
+    with pytest.raises(ValueError, match=r"rl_args.early_termination_threshold=0.5 differs"):
+        MARLHFConfig(
+            early_termination_threshold=0.3,
+            rl_args=MAGRPOConfig(early_termination_threshold=0.5),
+        )
