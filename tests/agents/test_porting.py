@@ -104,7 +104,10 @@ def test_parallel_training_none_is_what_we_do():
     [
         ({"agent_devices": ["cpu"] * 3}, "agent_devices has 3 devices for 2 agent"),
         ({"agent_devices": "cuda:7"}, "agent_devices asks for cuda:7 but this machine has"),
-        ({"reference_devices": "cpu"}, "exist only with reference_kl_enabled=True"),
+        (
+            {"reference_devices": "cpu", "reference_kl_enabled": False},
+            "exist only with reference_kl_enabled=True",
+        ),
     ],
 )
 def test_device_mismatches_are_refused_before_any_model_loads(fields, message):
