@@ -27,6 +27,7 @@ __all__ = [
     "group_rows",
     "joint_returns",
     "round_metrics",
+    "sibling_advantages",
     "turns_left",
 ]
 
@@ -77,14 +78,24 @@ def agent_returns(tree: RolloutTree, joint: list[Tensor]) -> list[Tensor]:
     return out
 
 
+def sibling_advantages(
+    credit: list[Tensor], agent: int, advantage_mode: str, normalize: bool
+) -> list[Tensor]:
+    """Per level, ``agent``'s advantage ``[branches, G]`` of each completion over its G
+    siblings, from ``credit`` (:func:`agent_returns`): what the update trains on and the tree
+    view shows."""
+    return [group_advantages(returns[:, agent, :], advantage_mode, normalize) for returns in credit]
+
+
 def agent_rows(
     tree: RolloutTree, agent: int, credit: list[Tensor], advantage_mode: str, normalize: bool
 ) -> list[PolicyRow]:
     """Every completion of ``agent`` with its advantage over its G siblings (``credit`` from
     :func:`agent_returns`), in level, branch, sample order."""
     rows = []
-    for level, returns in zip(tree.levels, credit, strict=True):
-        adv = group_advantages(returns[:, agent, :], advantage_mode, normalize).tolist()
+    advantages = sibling_advantages(credit, agent, advantage_mode, normalize)
+    for level, level_adv in zip(tree.levels, advantages, strict=True):
+        adv = level_adv.tolist()
         for branch, samples in enumerate(level.completions[agent]):
             for g, completion in enumerate(samples):
                 rows.append(

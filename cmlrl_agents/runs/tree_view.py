@@ -3,9 +3,9 @@
 ``rollout_tree_view`` walks a :class:`~cmlrl_agents.foundation.rollout.RolloutTree` and, for one
 item, lists every joint action (a node) with each agent's prompt and completion, the reward, the
 return (reward + ``discount`` × mean return of the children) and each agent's advantage over its G
-siblings. The numbers come from the same pure functions the trainer uses
-(``RolloutTree.returns``, ``RolloutTree.agent_returns``, ``group_advantages``), so the picture
-drawn from a view (``cmlrl_agents.runs.tree_plot``) shows exactly what the update used.
+siblings. The numbers come from the functions the update calls (``joint_returns``,
+``agent_returns`` and ``sibling_advantages`` of ``learning/credit.py``), so the picture drawn
+from a view (``cmlrl_agents.runs.tree_plot``) shows exactly what the update used.
 
 A view is plain data: it round-trips through JSON (``save`` / ``load``), which is what the
 trainer writes to ``run_dir/trees/`` and what ``cmlrl plot`` draws again.
@@ -21,8 +21,8 @@ from typing import Any
 from torch import Tensor
 
 from cmlrl_agents.foundation.rollout import Level, RolloutTree
-from cmlrl_agents.functional.advantages import BASELINES, group_advantages
-from cmlrl_agents.learning.credit import agent_returns, joint_returns
+from cmlrl_agents.functional.advantages import BASELINES
+from cmlrl_agents.learning.credit import agent_returns, joint_returns, sibling_advantages
 
 __all__ = ["TreeNode", "TreeView", "rollout_tree_view"]
 
@@ -196,11 +196,12 @@ def rollout_tree_view(
     credit = agent_returns(tree, returns)
     nodes: list[TreeNode] = []
     ids: dict[int, int] = {}  # the previous level's flat joint-action index -> node id
-    for level, joint, per_agent in zip(tree.levels, returns, credit, strict=True):
-        advantages = [
-            group_advantages(per_agent[:, a, :], advantage_mode, advantage_normalization)
-            for a in range(tree.num_agents)
-        ]
+    by_agent = [
+        sibling_advantages(credit, a, advantage_mode, advantage_normalization)
+        for a in range(tree.num_agents)
+    ]
+    for t, (level, joint) in enumerate(zip(tree.levels, returns, strict=True)):
+        advantages = [agent_advantages[t] for agent_advantages in by_agent]
         budget_left = level.turn < tree.num_turns
         ids = _level_nodes(level, item_slot, joint, advantages, ids, nodes, budget_left)
     _, item_index = tree.items[item_slot]
