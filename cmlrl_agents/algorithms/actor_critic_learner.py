@@ -30,18 +30,17 @@ from cmlrl_agents.algorithms.actor_critic_rollouts import (
     normalized,
     value_metrics,
 )
-from cmlrl_agents.algorithms.policy_gradient import mean_metrics, step_groups
 from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.foundation.metrics import kl_turn_means
 from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
-from cmlrl_agents.learning.engine import StepEngine
+from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import make_adamw
 from cmlrl_agents.learning.policy_metrics import policy_metrics
 from cmlrl_agents.learning.policy_step import OldScores, PolicyObjective, PolicyStep
-from cmlrl_agents.policies.adapters import checkpoint_models
+from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.value_head import ValueModel
 from cmlrl_env.core import EpisodeState
@@ -165,7 +164,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         return f"agent_{c}/critic_{key}"
 
     def actor_groups(self) -> list[list[int]]:
-        """The actors that step together (``policy_gradient.step_groups``)."""
+        """The actors that step together (``adapters.step_groups``)."""
         return step_groups(self.agents)
 
     # -- the batch ------------------------------------------------------------------------------

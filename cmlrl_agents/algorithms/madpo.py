@@ -15,7 +15,6 @@ trained, and at the end; a resumed round reads its pairs back from the run folde
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Unpack
@@ -23,7 +22,7 @@ from typing import Any, Unpack
 import torch
 
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
-from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PreparedPairs
+from cmlrl_agents.algorithms.preference_dpo import DPOLearner, PairEpoch, PreparedPairs
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import row_key
@@ -144,19 +143,10 @@ class MADPOTrainer(PreferenceTrainer[MADPOConfig, DPOLearner]):
         return last
 
     def dpo_epoch(self, data: PreparedPairs) -> dict[str, float]:
-        """One shuffled pass of DPO steps over ``data``; the steps' mean metrics (``loss``,
-        ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``, ``dpo/rejected_reward``).
-
-        The order is drawn from the run's seed, the round and the epoch (the same on every rank
-        of a launch, and unchanged by evaluation or resuming)."""
+        """One shuffled pass of DPO steps over ``data`` (the learner's ``update``); the steps'
+        mean metrics. The order is drawn from the run's seed, the round and the epoch (the same
+        on every rank of a launch, and unchanged by evaluation or resuming)."""
         order_key = row_key(self.sample_seed, PAIR_KEYS, self.epoch, self.epoch_position)
         generator = torch.Generator().manual_seed(order_key)
         order = torch.randperm(len(data.pairs), generator=generator).tolist()
-        size = self.args.pair_batch_size
-        sums: dict[str, list[float]] = defaultdict(list)
-        for start in range(0, len(order), size):
-            stats = self.learner.step(data, order[start : start + size])
-            for key, value in stats.items():
-                name = key if key == "loss" or key.startswith("agent_") else f"dpo/{key}"
-                sums[name].append(value)
-        return {key: sum(v) / len(v) for key, v in sums.items()}
+        return self.learner.update(PairEpoch(data, order))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -28,30 +28,17 @@ from cmlrl_agents.foundation.metrics import kl_turn_means, turn_key
 from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import TrainBatch
 from cmlrl_agents.learning.credit import agent_returns, group_rows, joint_returns, round_metrics
-from cmlrl_agents.learning.engine import StepEngine
+from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import agent_optimizers
 from cmlrl_agents.learning.policy_metrics import policy_metrics
 from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep
-from cmlrl_agents.policies.adapters import checkpoint_models, joint_groups
+from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_policies
 
-__all__ = ["PolicyGradientLearner", "mean_metrics", "step_groups"]
-
-
-def step_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
-    """The agents that step together, sorted (every rank reduces them in one order): adapter
-    agents of one base without active dropout (one mixed-adapter pass), the others alone."""
-    joint = joint_groups(agents)
-    alone = [[a] for a in range(len(agents)) if not any(a in g for g in joint)]
-    return sorted(joint + alone)
-
-
-def mean_metrics(steps: Mapping[str, list[float]]) -> dict[str, float]:
-    """Each key's mean over the round's steps."""
-    return {key: sum(values) / len(values) for key, values in steps.items()}
+__all__ = ["PolicyGradientLearner"]
 
 
 class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):

@@ -19,27 +19,27 @@ before its pass and before the backward of the joint loss.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from cmlrl_agents.algorithms.policy_gradient import step_groups
 from cmlrl_agents.algorithms.preference_config import MADPOConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.functional.preference_losses import dpo_loss, joint_log_ratio
-from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import agent_optimizers
-from cmlrl_agents.policies.adapters import checkpoint_models, joint_pass
+from cmlrl_agents.policies.adapters import checkpoint_models, joint_pass, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_logprobs, reference_policies
 from cmlrl_agents.policies.tokens import build_batch
 
-__all__ = ["DPOLearner", "PreparedPairs", "pair_tokens"]
+__all__ = ["DPOLearner", "PairEpoch", "PreparedPairs", "pair_tokens"]
 
 Rows = list[list[int]]
 
@@ -79,6 +79,15 @@ class PreparedPairs:
     rejected: list[Rows]
     ref_chosen: Tensor
     ref_rejected: Tensor
+
+
+@dataclass(frozen=True)
+class PairEpoch:
+    """One pass over a round's prepared pairs: ``pairs`` in ``order`` (the trainer draws it
+    from the run's keys), ``pair_batch_size`` pairs per optimizer step."""
+
+    pairs: PreparedPairs
+    order: Sequence[int]
 
 
 class DPOLearner(OptimizedLearner[MADPOConfig]):
@@ -152,6 +161,19 @@ class DPOLearner(OptimizedLearner[MADPOConfig]):
         return PreparedPairs(
             pairs, prompts, chosen, rejected, torch.stack(ref_c), torch.stack(ref_r)
         )
+
+    def update(self, epoch: PairEpoch) -> dict[str, float]:
+        """The optimizer steps of one pass, ``pair_batch_size`` pairs each; their mean metrics
+        (``loss``, ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``,
+        ``dpo/rejected_reward``, ``agent_i/grad_norm``)."""
+        size = self.args.pair_batch_size
+        steps: dict[str, list[float]] = defaultdict(list)
+        for start in range(0, len(epoch.order), size):
+            stats = self.step(epoch.pairs, epoch.order[start : start + size])
+            for key, value in stats.items():
+                name = key if key == "loss" or key.startswith("agent_") else f"dpo/{key}"
+                steps[name].append(value)
+        return mean_metrics(steps)
 
     def step(self, data: PreparedPairs, indices: Sequence[int]) -> dict[str, float]:
         """One optimizer step per agent on the pairs ``indices`` (forwards of

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from cmlrl_agents.foundation.distributed import DataParallel
 
-__all__ = ["ChunkLoss", "StepEngine", "StepPlan", "StepResult"]
+__all__ = ["ChunkLoss", "StepEngine", "StepPlan", "StepResult", "mean_metrics"]
 
 C = TypeVar("C")
 
@@ -198,3 +198,8 @@ def _check_finite(stats: Mapping[str, float], names: Sequence[str]) -> None:
     bad = {k: v for k, v in stats.items() if k.endswith("loss") and not math.isfinite(v)}
     if bad:
         raise FloatingPointError(f"the step's loss is not finite ({bad}): the step was not taken.")
+
+
+def mean_metrics(steps: Mapping[str, list[float]]) -> dict[str, float]:
+    """Each key's mean over the round's steps."""
+    return {key: sum(values) / len(values) for key, values in steps.items()}

@@ -1,10 +1,11 @@
 """The learner protocol every family implements, and the optimizer bookkeeping they share.
 
 A learner is the algorithm: it holds the optimizers (and schedulers, references, critics) and
-turns one round's rollout tree into optimizer steps through the one engine (engine.py):
-``batch(tree) -> B`` then ``update(batch) -> metrics`` (``RoundLearner``, what the round of
-``runs/round_trainer.py`` calls). The trainer is the loop around it and only calls these
-protocols.
+turns a batch into optimizer steps through the one engine (engine.py): ``update(batch) ->
+metrics`` (``UpdateLearner``). A ``RoundLearner`` also builds its batch from one round's
+rollout tree, ``batch(tree) -> B``, which the round of ``runs/round_trainer.py`` calls; MADPO's
+``DPOLearner`` updates on one pass over a round's prepared pairs (``PairEpoch``). The trainer is
+the loop around it and only calls these protocols.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
     from cmlrl_agents.foundation.rollout import RolloutTree
     from cmlrl_agents.policies.reference import Reference
 
-__all__ = ["Learner", "OptimizedLearner", "RoundLearner"]
+__all__ = ["Learner", "OptimizedLearner", "RoundLearner", "UpdateLearner"]
 
 B = TypeVar("B")
+B_contra = TypeVar("B_contra", contravariant=True)
 C = TypeVar("C", bound=SharedConfig)
 
 
@@ -56,17 +58,21 @@ class Learner(Protocol):
         ...
 
 
-class RoundLearner(Learner, Protocol[B]):
+class UpdateLearner(Learner, Protocol[B_contra]):
+    """A learner that takes every optimizer step of one batch ``B``."""
+
+    def update(self, batch: B_contra) -> dict[str, float]:
+        """Every optimizer step of one batch; their metrics."""
+        ...
+
+
+class RoundLearner(UpdateLearner[B], Protocol[B]):
     """A learner that trains on a round's rollout tree at once (the MAGRPO family's and the
     actor-critics'): its batch (the rows with their credit, what the update reads), then
-    every optimizer step of it. MADPO's steps over pairs are its own (``DPOLearner.step``)."""
+    every optimizer step of it."""
 
     def batch(self, tree: RolloutTree) -> B:
         """The round's batch: each completion with its credit, and the round's metrics."""
-        ...
-
-    def update(self, batch: B) -> dict[str, float]:
-        """Every optimizer step of one batch; the round's metrics."""
         ...
 
 

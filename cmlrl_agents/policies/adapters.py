@@ -41,6 +41,7 @@ __all__ = [
     "joint_pass",
     "same_device",
     "shared_groups",
+    "step_groups",
 ]
 
 
@@ -138,6 +139,14 @@ def joint_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
     return [
         g for g in shared_groups(agents) if len(g) > 1 and not active_dropout(agents[g[0]].model)
     ]
+
+
+def step_groups(agents: Sequence[LLMAgent]) -> list[list[int]]:
+    """The agents that step together, sorted (every rank reduces them in one order): adapter
+    agents of one base without active dropout (one mixed-adapter pass), the others alone."""
+    joint = joint_groups(agents)
+    alone = [[a] for a in range(len(agents)) if not any(a in g for g in joint)]
+    return sorted(joint + alone)
 
 
 def checkpoint_models(agents: Sequence[LLMAgent]) -> dict[str, nn.Module]:
