@@ -21,8 +21,9 @@ import torch
 
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
 from cmlrl_agents.policies.gguf import smollm2_path
+from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.prefix_scoring import prefix_shared_logprobs
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_env import tasks
 
 

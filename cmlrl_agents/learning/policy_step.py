@@ -39,9 +39,9 @@ from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.learning.engine import ChunkLoss, StepPlan
 from cmlrl_agents.policies.adapters import JointPass, joint_pass
 from cmlrl_agents.policies.agent import LLMAgent
+from cmlrl_agents.policies.logprobs import Temperature
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import Truncation
-from cmlrl_agents.policies.tokens import Temperature
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 
 __all__ = ["OldScores", "PolicyObjective", "PolicyStep"]

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from cmlrl_agents.policies.agent import LLMAgent
+from cmlrl_agents.policies.logprobs import Temperature
 from cmlrl_agents.policies.model_setup import LOW_PRECISION, active_dropout
 from cmlrl_agents.policies.reference import Reference, reference_logprobs
 from cmlrl_agents.policies.sampling import Truncation
-from cmlrl_agents.policies.tokens import Temperature, TokenBatch, build_batch
+from cmlrl_agents.policies.tokens import TokenBatch, build_batch
 
 if TYPE_CHECKING:
     from peft import PeftMixedModel, PeftModel

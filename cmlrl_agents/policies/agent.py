@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 # Re-exported: model-file conversion lives in gguf.py, the names stay importable from here.
 from cmlrl_agents.policies.gguf import SMOLLM2_GGUF, convert_gguf, default_cache_dir, smollm2_path
+from cmlrl_agents.policies.logprobs import Temperature, TokenScores
 from cmlrl_agents.policies.model_setup import (
     ChatFormat,
     check_local_model_path,
@@ -32,9 +33,7 @@ from cmlrl_agents.policies.model_setup import (
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
 from cmlrl_agents.policies.sampling import SamplingConfig, Truncation
 from cmlrl_agents.policies.tokens import (
-    Temperature,
     TokenBatch,
-    TokenScores,
     build_batch,
     completion_lists,
     completion_mask_from_generated,

@@ -30,11 +30,8 @@ import torch
 from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
-from cmlrl_agents.policies.model_methods import base_model
-from cmlrl_agents.policies.sampling import Truncation
-from cmlrl_agents.policies.tokens import (
+from cmlrl_agents.policies.logprobs import (
     Temperature,
-    TokenBatch,
     TokenScores,
     _accepts_logits_to_keep,
     _check_vocab,
@@ -42,6 +39,9 @@ from cmlrl_agents.policies.tokens import (
     row_temperatures,
     sequence_scores,
 )
+from cmlrl_agents.policies.model_methods import base_model
+from cmlrl_agents.policies.sampling import Truncation
+from cmlrl_agents.policies.tokens import TokenBatch
 
 __all__ = [
     "PromptGroups",

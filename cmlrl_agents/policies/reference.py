@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from cmlrl_agents.policies.tokens import Temperature, TokenBatch, sequence_logprobs
+from cmlrl_agents.policies.logprobs import Temperature, sequence_logprobs
+from cmlrl_agents.policies.tokens import TokenBatch
 
 __all__ = [
     "BaseWithoutAdapters",

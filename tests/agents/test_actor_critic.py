@@ -139,7 +139,8 @@ def test_values_are_batched_padding_free_and_without_grad() -> None:
 
 
 def test_shared_head_reads_the_scoring_forward_and_owns_only_the_head() -> None:
-    from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+    from cmlrl_agents.policies.logprobs import sequence_logprobs
+    from cmlrl_agents.policies.tokens import build_batch
 
     agent = tiny_agent()
     critic = ValueModel(agent.model, shared=True)

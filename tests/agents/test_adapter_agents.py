@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from cmlrl_agents import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
 from cmlrl_agents.foundation.rollout import collect_tree
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.logprobs import sequence_logprobs
+from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 

@@ -24,8 +24,9 @@ from cmlrl_agents.functional.losses import (
 from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.learning.credit import chain_credit, joint_returns
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.sampling import candidates
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_agents.testing import tiny_agent
 
 LN2 = math.log(2.0)

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from cmlrl_agents import MADPOConfig, MADPOTrainer
 from cmlrl_agents.functional.preference_losses import dpo_loss, joint_log_ratio
+from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.reference import BaseWithoutAdapters
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 

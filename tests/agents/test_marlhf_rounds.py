@@ -18,8 +18,9 @@ from cmlrl_agents import (
     PreferenceRewardModel,
 )
 from cmlrl_agents.algorithms.preference_pairs import load_pairs
+from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.reference import BaseWithoutAdapters
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_agents.testing import (
     SyncRecorder,
     tiny_agent,

@@ -15,6 +15,7 @@ from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
 from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
 from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.prefix_scoring import (
     generate_inputs,
     prefix_shared_logprobs,
@@ -25,7 +26,6 @@ from cmlrl_agents.policies.tokens import (
     completion_lists,
     completion_mask_from_generated,
     left_pad,
-    sequence_logprobs,
 )
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_agent, tiny_model
 

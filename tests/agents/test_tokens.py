@@ -9,13 +9,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
     completion_lists,
     completion_mask_from_generated,
     left_pad,
-    sequence_logprobs,
 )
 from cmlrl_agents.testing import TINY_EOS_ID, tiny_model
 

@@ -27,7 +27,8 @@ from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.functional.losses import policy_gradient_loss
 from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
 from cmlrl_agents.policies.agent import SamplingConfig
-from cmlrl_agents.policies.tokens import build_batch, sequence_logprobs
+from cmlrl_agents.policies.logprobs import sequence_logprobs
+from cmlrl_agents.policies.tokens import build_batch
 from cmlrl_agents.runs import tree_plot as tree_plot_module
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 from cmlrl_env import Task
