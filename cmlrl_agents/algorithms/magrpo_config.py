@@ -57,12 +57,13 @@ class MAGRPOConfig(SharedConfig):
     (``train_batch_size < rollout_buffer_size``): the later steps train on samples of a policy
     that has moved since. A round of one step is on-policy and needs none (None: refuse rounds
     of several steps)."""
-    reference_kl_enabled: bool = True
+    reference_kl_enabled: bool = False
     """Penalise divergence from the agents' initial weights (``reference_kl_coef`` times the k3
-    KL estimate in the loss). On by default, unlike comlrl (docs/experiments.md: it learned more
-    on the seed's program over six seeds); it costs a no-gradient reference forward per update
-    and, with full fine-tuning, one frozen copy per distinct initial model (adapter agents use
-    their base with adapters off). False turns it off."""
+    KL estimate in the loss). Off by default, as in comlrl: on the seed's program it learned
+    more in one epoch over six seeds but ended the main job's six epochs lower, and it costs a
+    no-gradient reference forward per update and, with full fine-tuning, one frozen copy per
+    distinct initial model (adapter agents use their base with adapters off); measurements in
+    docs/experiments.md."""
     reference_kl_coef: float = 0.1
     mask_truncated_completions: bool = False
     """Leave completions cut at ``max_new_tokens`` (no EOS) out of the loss, as TRL's option of

@@ -18,7 +18,6 @@ from cmlrl_agents.testing import tiny_agent
 from cmlrl_env import tasks
 
 SECRET = "sk-test-SECRET-0123456789"
-KL_KEYS = ("reference_kl_mean", "reference_kl_penalty_mean")
 TRAIN_KEYS = {
     *("turn_1/reward_mean", "turn_1/expected_return", "loss", "grad_norm"),
     *(f"agent_{a}/{k}" for a in (0, 1) for k in ("loss", "grad_norm", "turn_1/expected_return")),
@@ -26,7 +25,6 @@ TRAIN_KEYS = {
     *(f"agent_{a}/completions/{k}" for a in (0, 1) for k in ("length_mean", "clipped_fraction")),
     *(f"completions/{k}" for k in ("length_mean", "length_min", "length_max", "clipped_fraction")),
     "groups/zero_spread_fraction",
-    *(f"{p}turn_1/{k}" for p in ("", "agent_0/", "agent_1/") for k in KL_KEYS),  # KL on by default
 }
 EVAL_KEYS = {"eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_1/reward_sem"}
 LOCAL_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "eval-metrics.json", "rewards.png")

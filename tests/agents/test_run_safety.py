@@ -259,7 +259,7 @@ def test_a_kill_while_replacing_the_only_checkpoint_loses_nothing(tmp_path):
         ("output_dir", "elsewhere"),
         ("num_agents", 3),
         ("agent_devices", "cpu"),
-        ("reference_kl_enabled", False),
+        ("reference_kl_enabled", True),
     ],
 )
 def test_fields_read_at_construction_refuse_a_new_value(tmp_path, field, value):
