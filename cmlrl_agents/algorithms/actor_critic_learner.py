@@ -16,7 +16,7 @@ minibatch for the whole team (the reference stepped it once per agent on the sam
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +50,12 @@ __all__ = ["ActorCriticBatch", "ActorCriticLearner"]
 
 @dataclass(frozen=True)
 class ActorCriticBatch:
-    """One round as the learner trains on it."""
+    """One round as the learner trains on it (its tree read once, by ``batch``)."""
 
-    tree: RolloutTree
+    num_items: int
+    """Items of this process's share of the round (item slots ``0 .. num_items - 1``)."""
+    metrics: Mapping[str, float]
+    """Reward, return and completion metrics of the round (this process's share)."""
     inputs: list[CriticInputs]
     """Per critic: the token ids it reads for each state of the tree."""
     samples: list[list[RolloutSample]]
@@ -207,18 +210,21 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         """The round's critic inputs and samples (advantages normalized as the config says)."""
         inputs = self.critic_inputs(tree)
         samples = self.rollouts(tree, normalize=self.args.advantage_normalization, inputs=inputs)
-        return ActorCriticBatch(tree=tree, inputs=inputs, samples=samples)
+        metrics = round_metrics(tree, joint_returns(tree, self.args.discount))
+        return ActorCriticBatch(
+            num_items=len(tree.items), metrics=metrics, inputs=inputs, samples=samples
+        )
 
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: ActorCriticBatch) -> dict[str, float]:
         """Every actor's and separate critic's steps on ``batch``; the round's metrics."""
         args, rows = self.args, batch.rows
-        metrics = round_metrics(batch.tree, joint_returns(batch.tree, args.discount))
+        metrics = dict(batch.metrics)
         metrics.update(self._value_metrics(batch.samples))
         objective = self.objective()
         step = PolicyStep(self.agents, self.reference_models, objective, self.num_turns)
         windows = self.parallel.windows(
-            int(self.parallel.sum(len(batch.tree.items))), args.items_per_step
+            int(self.parallel.sum(batch.num_items)), args.items_per_step
         )
         stale = len(windows) * args.ppo_epochs > 1
         old: dict[int, OldScores] = {}
