@@ -1,6 +1,6 @@
 """Prefix-shared scoring: the G completions of one prompt scored with one forward of the prompt.
 
-:func:`prefix_shared_logprobs` has :func:`cmlrl_agents.policies.tokens.sequence_logprobs`'s
+:func:`prefix_shared_logprobs` has :func:`cmlrl_agents.policies.logprobs.sequence_logprobs`'s
 signature and result, so the learner swaps one for the other on a config switch
 (``prefix_sharing``). It runs two forwards instead of one:
 
@@ -182,7 +182,7 @@ def prefix_shared_scores(
     entropy: bool = False,
     truncation: Truncation | None = None,
 ) -> TokenScores:
-    """Per-token scores of ``batch`` like :func:`~cmlrl_agents.policies.tokens.sequence_scores`
+    """Per-token scores of ``batch`` like :func:`~cmlrl_agents.policies.logprobs.sequence_scores`
     (same arguments, same result), each distinct prompt (of each adapter, with
     ``adapter_names``) run once (see the module docstring). A batch without a repeated prompt
     takes the unshared path: there is nothing to share.
