@@ -223,7 +223,7 @@ def test_one_process_aggregation_and_turn_weights() -> None:
 
 
 def test_bad_launcher_variables_are_refused_with_the_fix(monkeypatch) -> None:
-    from cmlrl_agents.runs import distributed
+    from cmlrl_agents.foundation import distributed
 
     monkeypatch.setenv("WORLD_SIZE", "two")
     distributed.data_parallel.cache_clear()
