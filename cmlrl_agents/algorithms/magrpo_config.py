@@ -16,6 +16,7 @@ __all__ = ["MAGRPOConfig", "MAREINFORCEConfig", "MAReMaxConfig", "MARLOOConfig"]
 
 JOINT_MODES = ("aligned", "cross")
 ADVANTAGE_MODES = ("mean", "rloo", "max", "raw")
+ADVANTAGE_SCALES = ("group", "batch", "none")
 LOSS_AGGREGATIONS = ("sequence_sum", "token_mean")
 
 
@@ -36,9 +37,12 @@ class MAGRPOConfig(SharedConfig):
     """Baseline over the G siblings: mean, rloo (leave-one-out), max, or raw (none)."""
     # The seed's and comlrl's name, kept because users set it; in the MAGRPO family it means
     # std scaling without re-centring, in the actor-critics a z-score (see ActorCriticConfig).
-    advantage_normalization: bool = True
-    """Divide advantages by the siblings' return std (no re-centring); refused with
-    ``advantage_mode="raw"``, which has no baseline (equal returns would be amplified)."""
+    advantage_normalization: bool | str = True
+    """Divide advantages by a return std (no re-centring): True or "group", each state's G
+    siblings' std; "batch", the std of every return of the round at that turn (over all ranks:
+    TRL's ``scale_rewards="batch"``); False or "none", no scaling. Anything but False/"none" is
+    refused with ``advantage_mode="raw"``, which has no baseline (equal returns would be
+    amplified)."""
     agent_learning_rate: float = 1e-4
     """AdamW learning rate of every agent. 1e-4, not the shared 5e-6 (comlrl's default, which
     learned less per round): on the seed's length-ratio program, one epoch at 2 items per round,
@@ -89,7 +93,12 @@ class MAGRPOConfig(SharedConfig):
         self._int("num_generations", 1)
         self._choice("joint_mode", JOINT_MODES)
         self._choice("advantage_mode", ADVANTAGE_MODES)
-        self._bool("advantage_normalization")
+        scale = self.advantage_normalization
+        if not isinstance(scale, bool) and scale not in ADVANTAGE_SCALES:
+            raise ValueError(
+                f"advantage_normalization must be True, False or one of {list(ADVANTAGE_SCALES)} "
+                f"(TRL's scale_rewards), got {scale!r}."
+            )
         self._choice("loss_aggregation", LOSS_AGGREGATIONS)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
@@ -99,9 +108,10 @@ class MAGRPOConfig(SharedConfig):
         self._bool("log_train_levels")
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
         self._check_stale_rounds(self.ppo_clip_range, "optimizer steps")
-        if self.advantage_mode == "raw" and self.advantage_normalization:
+        if self.advantage_mode == "raw" and self.advantage_normalization not in (False, "none"):
             raise ValueError(
-                "advantage_mode='raw' with advantage_normalization=True: raw returns have no "
+                f"advantage_mode='raw' with advantage_normalization="
+                f"{self.advantage_normalization!r}: raw returns have no "
                 "baseline, so dividing them by their siblings' std amplifies equal returns "
                 "(std 0: a reward of 0.7 becomes an advantage of 7e5). Set "
                 "advantage_normalization=False (as MAREINFORCEConfig does) or use a baseline "

@@ -27,7 +27,15 @@ from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.foundation.metrics import kl_turn_means, turn_key
 from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import TrainBatch
-from cmlrl_agents.learning.credit import agent_returns, group_rows, joint_returns, round_metrics
+from cmlrl_agents.learning.credit import (
+    advantage_scale,
+    agent_returns,
+    batch_stds,
+    group_rows,
+    joint_returns,
+    return_moments,
+    round_metrics,
+)
 from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import agent_optimizers
@@ -92,7 +100,12 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         args = self.args
         joint = joint_returns(tree, args.discount)
         credit = agent_returns(tree, joint)
-        rows = group_rows(tree, credit, args.advantage_mode, args.advantage_normalization)
+        scale = advantage_scale(args.advantage_normalization)
+        stds = None
+        if scale == "batch":  # the round's std: every rank's share of it, in one all-reduce
+            moments = return_moments(credit, len(self.agents), self.num_turns)
+            stds = batch_stds(self.parallel.sum_vector(moments), len(self.agents), self.num_turns)
+        rows = group_rows(tree, credit, args.advantage_mode, scale, stds)
         if args.mask_truncated_completions:  # after the advantages: they count in the groups
             rows = [row for row in rows if row.finished]
         metrics = round_metrics(tree, joint)

@@ -64,7 +64,11 @@ FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
     "evaluation_strategy": (("eval_interval",), _EVAL),
     "save_strategy": (("save_steps",), "training task items between checkpoints (0: on request)"),
     "max_steps": (("num_train_epochs",), "runs are counted in passes over the task items"),
-    "scale_rewards": (("advantage_normalization",), "divide advantages by the group's std"),
+    "scale_rewards": (
+        ("advantage_normalization",),
+        "in the MAGRPO family TRL's values: 'group' (or True), 'batch', 'none' (or False); "
+        "in the actor-critics True z-scores the round's advantages",
+    ),
     "loss_type": (("loss_aggregation",), "sequence_sum or token_mean"),
     "use_vllm": (("generation_backend",), "generation_backend='vllm' (the cmlrl[vllm] extra)"),
     "bf16": ((), "trainable weights stay float32; model_config={'dtype': ...} sets the base's"),

@@ -7,11 +7,13 @@ broadcast or NaN advantage trains the policy on garbage without any visible erro
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from cmlrl_agents._checks import check_finite, check_float
 
-__all__ = ["BASELINES", "group_advantages", "normalize_batch"]
+__all__ = ["BASELINES", "group_advantages", "normalize_batch", "pooled_std"]
 
 BASELINES: tuple[str, ...] = ("mean", "rloo", "max", "raw")
 """Baselines accepted by :func:`group_advantages`."""
@@ -35,6 +37,8 @@ def group_advantages(
     baseline: str,
     normalize_std: bool,
     eps: float = 1e-6,
+    *,
+    std: float | None = None,
 ) -> Tensor:
     """Per-group advantages for the group-relative REINFORCE family.
 
@@ -49,6 +53,9 @@ def group_advantages(
             without a baseline a row of equal returns (std 0) would be scaled by ``1/eps``.
         eps: added to the std; must be > 0. A row of equal returns has std 0 and advantages 0
             for "mean"/"rloo"/"max", so dividing by ``eps`` leaves them 0.
+        std: with ``normalize_std``, divide every row by ``std + eps`` instead of by its own
+            std: one figure for the whole batch (TRL's ``scale_rewards="batch"``, the std of
+            every return of the round, e.g. from :func:`pooled_std`). None: each row's own.
 
     Returns:
         ``[num_groups, G]`` advantages, same dtype and device as ``returns``.
@@ -64,6 +71,8 @@ def group_advantages(
             "by their std, so equal returns (std 0) become huge advantages; pass "
             "normalize_std=False or a baseline ('mean', 'rloo', 'max')"
         )
+    if std is not None and not (math.isfinite(std) and std >= 0):
+        raise ValueError(f"std must be a finite float >= 0, got {std}; None uses each row's own")
     group_size = returns.shape[1]
     if baseline == "mean":
         adv = returns - returns.mean(dim=1, keepdim=True)
@@ -83,9 +92,26 @@ def group_advantages(
     if normalize_std:
         # Scale only. The reference subtracted mean(A) here as well, which maps every baseline
         # to (R - mean R) / std R and made MAGRPO/MARLOO/MAReMax/MAREINFORCE identical (bug B7).
-        std = returns.std(dim=1, unbiased=False, keepdim=True)
-        adv = adv / (std + eps)
+        if std is None:
+            adv = adv / (returns.std(dim=1, unbiased=False, keepdim=True) + eps)
+        else:
+            adv = adv / (std + eps)
     return adv
+
+
+def pooled_std(count: float, total: float, total_sq: float) -> float:
+    """The population std of values known only by their ``count``, sum (``total``) and sum of
+    squares (``total_sq``).
+
+    The three add up over batches and processes, so one all-reduce of them gives the std of a
+    whole round split across ranks, equal to the one-process figure to float rounding. Pass them
+    in float64: ``total_sq / count - mean**2`` cancels digits when the mean dwarfs the spread.
+    """
+    if not count > 0:
+        raise ValueError(f"count must be > 0, got {count}; there is no std of no values")
+    mean = total / count
+    # Rounding can leave a tiny negative variance for equal values; their std is 0.
+    return math.sqrt(max(total_sq / count - mean * mean, 0.0))
 
 
 def normalize_batch(adv: Tensor, eps: float = 1e-8) -> Tensor:

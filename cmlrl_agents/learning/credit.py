@@ -15,17 +15,21 @@ from torch import Tensor
 
 from cmlrl_agents.foundation.metrics import turn_key
 from cmlrl_agents.foundation.rollout import RolloutTree
-from cmlrl_agents.functional.advantages import group_advantages
+from cmlrl_agents.functional.advantages import group_advantages, pooled_std
 from cmlrl_agents.functional.returns import cross_credit, gae, held_rewards, tree_returns
 from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.policies.agent import Completion
 
 __all__ = [
+    "SCALES",
+    "advantage_scale",
     "agent_returns",
+    "batch_stds",
     "agent_rows",
     "chain_credit",
     "group_rows",
     "joint_returns",
+    "return_moments",
     "round_metrics",
     "sibling_advantages",
     "turns_left",
@@ -78,22 +82,94 @@ def agent_returns(tree: RolloutTree, joint: list[Tensor]) -> list[Tensor]:
     return out
 
 
+SCALES = ("group", "batch", "none")
+"""What the MAGRPO family divides its advantages by (TRL's ``scale_rewards`` values): each
+sibling group's own return std, one std over the whole round, or nothing."""
+
+
+def advantage_scale(normalization: bool | str) -> str:
+    """The scale of an ``advantage_normalization`` setting: True is "group" (the seed's and
+    comlrl's meaning), False is "none"; the strings are TRL's ``scale_rewards``."""
+    if normalization is True or normalization is False:
+        return "group" if normalization else "none"
+    if normalization not in SCALES:
+        raise ValueError(
+            f"advantage_normalization must be True, False or one of {list(SCALES)}, got "
+            f"{normalization!r}."
+        )
+    return normalization
+
+
+def return_moments(credit: list[Tensor], num_agents: int, num_turns: int) -> list[float]:
+    """The count, sum and sum of squares (float64) of the returns credited to each agent's
+    samples at each turn, flat in agent, turn, moment order (``3 * num_agents * num_turns``
+    numbers; 0 for a turn this tree did not reach). Summed over ranks they give the whole
+    round's std (:func:`batch_stds`), with one all-reduce whatever the shares' sizes."""
+    moments = [0.0] * (3 * num_agents * num_turns)
+    for t, returns in enumerate(credit):
+        for a in range(num_agents):
+            x = returns[:, a, :].double()
+            k = 3 * (a * num_turns + t)
+            moments[k : k + 3] = [float(x.numel()), float(x.sum()), float((x * x).sum())]
+    return moments
+
+
+def batch_stds(moments: list[float], num_agents: int, num_turns: int) -> list[list[float]]:
+    """Per agent, per turn (turn 1 first): the population std of every return credited to the
+    agent's samples at that turn (``moments`` from :func:`return_moments`, summed over ranks);
+    0 for a turn no branch reached."""
+    stds = []
+    for a in range(num_agents):
+        per_turn = []
+        for t in range(num_turns):
+            count, total, total_sq = moments[3 * (a * num_turns + t) : 3 * (a * num_turns + t + 1)]
+            per_turn.append(pooled_std(count, total, total_sq) if count else 0.0)
+        stds.append(per_turn)
+    return stds
+
+
 def sibling_advantages(
-    credit: list[Tensor], agent: int, advantage_mode: str, normalize: bool
+    credit: list[Tensor],
+    agent: int,
+    advantage_mode: str,
+    scale: str,
+    round_stds: list[float] | None = None,
 ) -> list[Tensor]:
     """Per level, ``agent``'s advantage ``[branches, G]`` of each completion over its G
     siblings, from ``credit`` (:func:`agent_returns`): what the update trains on and the tree
-    view shows."""
-    return [group_advantages(returns[:, agent, :], advantage_mode, normalize) for returns in credit]
+    view shows. ``scale`` is one of :data:`SCALES`; "batch" divides each turn by ``round_stds``
+    (the agent's, per turn, from :func:`batch_stds`)."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}.")
+    if (scale == "batch") != (round_stds is not None):
+        raise ValueError(
+            f"scale={scale!r} with round_stds={round_stds!r}: 'batch' divides by the round's "
+            "std per turn (batch_stds(...)[agent]), and only 'batch' takes them."
+        )
+    return [
+        group_advantages(
+            returns[:, agent, :],
+            advantage_mode,
+            scale != "none",
+            std=None if round_stds is None else round_stds[t],
+        )
+        for t, returns in enumerate(credit)
+    ]
 
 
 def agent_rows(
-    tree: RolloutTree, agent: int, credit: list[Tensor], advantage_mode: str, normalize: bool
+    tree: RolloutTree,
+    agent: int,
+    credit: list[Tensor],
+    advantage_mode: str,
+    scale: str,
+    round_stds: list[float] | None = None,
 ) -> list[PolicyRow]:
     """Every completion of ``agent`` with its advantage over its G siblings (``credit`` from
-    :func:`agent_returns`), in level, branch, sample order."""
+    :func:`agent_returns`; ``scale`` and ``round_stds`` as :func:`sibling_advantages` takes
+    them), in level, branch, sample order."""
     rows = []
-    advantages = sibling_advantages(credit, agent, advantage_mode, normalize)
+    advantages = sibling_advantages(credit, agent, advantage_mode, scale, round_stds)
     for level, level_adv in zip(tree.levels, advantages, strict=True):
         adv = level_adv.tolist()
         for branch, samples in enumerate(level.completions[agent]):
@@ -114,13 +190,24 @@ def agent_rows(
 
 
 def group_rows(
-    tree: RolloutTree, credit: list[Tensor], advantage_mode: str, normalize: bool
+    tree: RolloutTree,
+    credit: list[Tensor],
+    advantage_mode: str,
+    scale: str,
+    round_stds: list[list[float]] | None = None,
 ) -> list[PolicyRow]:
-    """:func:`agent_rows` of every agent, agent-major."""
+    """:func:`agent_rows` of every agent, agent-major (``round_stds[agent]`` under "batch")."""
     return [
         row
         for agent in range(tree.num_agents)
-        for row in agent_rows(tree, agent, credit, advantage_mode, normalize)
+        for row in agent_rows(
+            tree,
+            agent,
+            credit,
+            advantage_mode,
+            scale,
+            None if round_stds is None else round_stds[agent],
+        )
     ]
 
 

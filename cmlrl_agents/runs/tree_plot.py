@@ -197,7 +197,7 @@ def _draw_png(
     for turn in range(1, view.num_turns + 1):
         axes.text(turn, -0.85, f"turn {turn}", fontsize=9, weight="bold", ha="left")
     step = "" if view.env_step is None else f", env_step {view.env_step}"
-    norm = "std-scaled" if view.advantage_normalization else "unscaled"
+    norm = _scale_words(view)
     figure.suptitle(
         f"Rollout tree of item {view.item_index}{step}: G = {view.num_generations}, "
         f"discount {view.discount:g}, advantage {view.advantage_mode} ({norm})",
@@ -235,7 +235,7 @@ def write_tree_html(view: TreeView, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     step = "" if view.env_step is None else f", env_step {view.env_step}"
-    norm = "std-scaled" if view.advantage_normalization else "not scaled"
+    norm = _scale_words(view)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -291,3 +291,9 @@ def _html_children(view: TreeView, parent: int | None) -> str:
             + "</li>"
         )
     return '<ul class="tree">' + "".join(items) + "</ul>"
+
+
+def _scale_words(view: TreeView) -> str:
+    """How the view's advantages were scaled, for a title."""
+    words = {"group": "each group's std", "batch": "the round's std", "none": "not scaled"}
+    return words[view.advantage_scale]

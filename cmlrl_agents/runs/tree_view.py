@@ -22,7 +22,14 @@ from torch import Tensor
 
 from cmlrl_agents.foundation.rollout import Level, RolloutTree
 from cmlrl_agents.functional.advantages import BASELINES
-from cmlrl_agents.learning.credit import agent_returns, joint_returns, sibling_advantages
+from cmlrl_agents.learning.credit import (
+    advantage_scale,
+    agent_returns,
+    batch_stds,
+    joint_returns,
+    return_moments,
+    sibling_advantages,
+)
 
 __all__ = ["TreeNode", "TreeView", "rollout_tree_view"]
 
@@ -59,7 +66,8 @@ class TreeView:
     num_generations: int
     discount: float
     advantage_mode: str
-    advantage_normalization: bool
+    advantage_scale: str
+    """What the advantages were divided by: "group", "batch" or "none" (see SCALES)."""
     nodes: tuple[TreeNode, ...]
     env_step: int | None = None
     """The trainer's ``env_step`` when the round began (None outside a trainer)."""
@@ -173,13 +181,15 @@ def rollout_tree_view(
     item_slot: int = 0,
     discount: float = 1.0,
     advantage_mode: str = "mean",
-    advantage_normalization: bool = True,
+    advantage_normalization: bool | str = True,
     env_step: int | None = None,
 ) -> TreeView:
     """The view of item ``item_slot`` (its position in the round's batch) of ``tree``.
 
     ``discount``, ``advantage_mode`` and ``advantage_normalization`` are the trainer's settings
-    (``MAGRPOConfig`` fields); the defaults are MAGRPO's.
+    (``MAGRPOConfig`` fields); the defaults are MAGRPO's. With "batch" the std is over this
+    tree's round (under data parallel: this rank's share of it, so the view may differ a little
+    from what the update trained on).
     """
     if isinstance(item_slot, bool) or not isinstance(item_slot, int):
         raise TypeError(f"item_slot must be an int, got {item_slot!r}.")
@@ -196,8 +206,13 @@ def rollout_tree_view(
     credit = agent_returns(tree, returns)
     nodes: list[TreeNode] = []
     ids: dict[int, int] = {}  # the previous level's flat joint-action index -> node id
+    scale = advantage_scale(advantage_normalization)
+    stds = None
+    if scale == "batch":
+        moments = return_moments(credit, tree.num_agents, tree.num_turns)
+        stds = batch_stds(moments, tree.num_agents, tree.num_turns)
     by_agent = [
-        sibling_advantages(credit, a, advantage_mode, advantage_normalization)
+        sibling_advantages(credit, a, advantage_mode, scale, None if stds is None else stds[a])
         for a in range(tree.num_agents)
     ]
     for t, (level, joint) in enumerate(zip(tree.levels, returns, strict=True)):
@@ -212,7 +227,7 @@ def rollout_tree_view(
         num_generations=tree.num_generations,
         discount=float(discount),
         advantage_mode=advantage_mode,
-        advantage_normalization=bool(advantage_normalization),
+        advantage_scale=scale,
         nodes=tuple(nodes),
         env_step=env_step,
     )

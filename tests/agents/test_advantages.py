@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from cmlrl_agents.functional.advantages import group_advantages, normalize_batch
+from cmlrl_agents.functional.advantages import group_advantages, normalize_batch, pooled_std
 
 R = [1.0, 2.0, 3.0, 6.0]
 STD = math.sqrt(3.5)
@@ -152,3 +152,26 @@ def test_normalize_batch_bad_inputs() -> None:
         normalize_batch(torch.tensor([1.0, float("inf")]))
     with pytest.raises(ValueError, match=r"adv is empty"):
         normalize_batch(torch.zeros(0))
+
+
+def test_pooled_std_of_moments_hand() -> None:
+    # R: count 4, sum 12, sum of squares 1 + 4 + 9 + 36 = 50; 50/4 - 3**2 = 3.5
+    assert pooled_std(4, 12.0, 50.0) == pytest.approx(STD, abs=1e-12)
+    # Two shares of R ([1, 2] and [3, 6]) add their moments to the same figure.
+    assert pooled_std(2 + 2, 3.0 + 9.0, 5.0 + 45.0) == pytest.approx(STD, abs=1e-12)
+    assert pooled_std(3, 6.0, 12.0) == 0.0  # [2, 2, 2]
+    with pytest.raises(ValueError, match="count must be > 0, got 0"):
+        pooled_std(0, 0.0, 0.0)
+
+
+def test_one_std_for_every_row_when_given() -> None:
+    # Rows [1, 3] and [2, 6]: their own stds are 1 and 2; the batch's (of 1, 3, 2, 6) sqrt(3.5).
+    returns = torch.tensor([[1.0, 3.0], [2.0, 6.0]], dtype=torch.float64)
+    _close(group_advantages(returns, "mean", True), [[-1.0, 1.0], [-1.0, 1.0]])
+    batch = group_advantages(returns, "mean", True, std=STD)
+    _close(batch, [[-1 / STD, 1 / STD], [-2 / STD, 2 / STD]])
+    # Without normalize_std the std is not used.
+    _close(group_advantages(returns, "mean", False, std=STD), [[-1.0, 1.0], [-2.0, 2.0]])
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="std must be a finite float >= 0"):
+            group_advantages(returns, "mean", True, std=bad)

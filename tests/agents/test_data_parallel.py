@@ -120,6 +120,26 @@ def test_every_family_trains_data_parallel_like_one_process(tmp_path, family) ->
             assert launch["last"][key] == pytest.approx(one["last"][key], abs=1e-12), key
 
 
+def test_batch_std_scaling_divides_by_the_rounds_std_over_every_rank(tmp_path) -> None:
+    """``advantage_normalization="batch"`` (TRL's ``scale_rewards``): the std is of the whole
+    round, all ranks' returns together, so two ranks train as one process does; a rank that used
+    its own share's std would scale its advantages, and so its loss, otherwise."""
+    group, single, parallel = tmp_path / "group", tmp_path / "single", tmp_path / "parallel"
+    _launch(group, 1)
+    _launch(single, 1, advantage_normalization="batch")
+    _launch(parallel, 2, advantage_normalization="batch")
+    ranks = [_params(parallel, r) for r in (0, 1)]
+    for name, value in ranks[0].items():
+        assert torch.equal(ranks[1][name], value), name
+    assert_close_weights(ranks[0], _params(single, 0))
+    one, launch = _state(single, 0)["last"], _state(parallel, 0)["last"]
+    assert launch["loss"] == pytest.approx(one["loss"], rel=1e-3)
+    assert launch["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-3)
+    # Each state's own std trains otherwise: the comparison sees the scaling.
+    by_group = _state(group, 0)["last"]
+    assert abs(by_group["loss"] - one["loss"]) > 1e-2 * abs(one["loss"])
+
+
 def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs) -> None:
     one = _state(runs["single"], 0)
     ranks = [_state(runs["parallel"], r) for r in (0, 1)]

@@ -58,7 +58,7 @@ def test_an_answer_that_reaches_the_target_gets_the_largest_advantage():
     # Before the fix: [1.0, 1.25, 0.95, 0.75] (the 0.5 answer ranked first). Now the answer
     # that ended its branch keeps its reward for the turn it did not play: 1.0 + 1.0.
     torch.testing.assert_close(turn1, torch.tensor([[2.0, 1.25, 0.95, 0.75]]))
-    samples = agent_rows(tree, 0, agent_returns(tree, joint_returns(tree, 1.0)), "mean", True)
+    samples = agent_rows(tree, 0, agent_returns(tree, joint_returns(tree, 1.0)), "mean", "group")
     first = [s.advantage for s in samples if s.turn == 1]
     # R - mean(R) = [0.7625, 0.0125, -0.2875, -0.4875]; std_pop = sqrt(0.22546875)
     std = 0.22546875**0.5

@@ -384,7 +384,12 @@ def test_team_size_must_agree(tmp_path):
         ("agent_learning_rate", -1.0, "agent_learning_rate must be > 0.0, got -1.0"),
         ("reference_kl_coef", -0.1, "reference_kl_coef must be >= 0.0, got -0.1"),
         ("max_new_tokens", 2.5, "max_new_tokens must be an int, got 2.5"),
-        ("advantage_normalization", "yes", "advantage_normalization must be True or False"),
+        (
+            "advantage_normalization",
+            "yes",
+            "advantage_normalization must be True, False or one of ['group', 'batch', 'none'] "
+            "(TRL's scale_rewards), got 'yes'",
+        ),
     ],
 )
 def test_bad_config_values_are_rejected_on_construction_and_assignment(field, value, message):
@@ -405,6 +410,13 @@ def test_config_rejects_unknown_fields_and_cross_field_rules():
         MAGRPOConfig(train_batch_size=8)
     config = MAGRPOConfig(num_generations=1, advantage_mode="raw", advantage_normalization=False)
     assert config.num_generations == 1
+    assert (
+        MAGRPOConfig(advantage_mode="raw", advantage_normalization="none").advantage_mode == "raw"
+    )
+    with pytest.raises(
+        ValueError, match="advantage_mode='raw' with advantage_normalization='batch'"
+    ):
+        MAGRPOConfig(advantage_mode="raw", advantage_normalization="batch")
 
 
 @pytest.fixture

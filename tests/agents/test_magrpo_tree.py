@@ -13,7 +13,15 @@ from cmlrl_agents.algorithms.magrpo_config import (
     MARLOOConfig,
 )
 from cmlrl_agents.foundation.rollout import collect_tree, joint_indices
-from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
+from cmlrl_agents.learning.credit import (
+    advantage_scale,
+    agent_returns,
+    agent_rows,
+    batch_stds,
+    joint_returns,
+    return_moments,
+    sibling_advantages,
+)
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.scripted import ScriptedPolicy
 from cmlrl_env import Task
@@ -71,7 +79,7 @@ def test_two_turn_aligned_tree_returns_by_hand():
     torch.testing.assert_close(joint_returns(tree, 0.5)[0], torch.tensor([[0.85, 0.15]]))
 
     # GRPO advantages: (R - mean) / (std + 1e-6) within each sibling group.
-    samples = agent_rows(tree, 0, agent_returns(tree, joint_returns(tree, 1.0)), "mean", True)
+    samples = agent_rows(tree, 0, agent_returns(tree, joint_returns(tree, 1.0)), "mean", "group")
     got = [round(s.advantage, 4) for s in samples]
     assert got == [1.0, -1.0, 1.0, -1.0, 1.0, -1.0]
     assert [s.turn for s in samples] == [1, 1, 2, 2, 2, 2]
@@ -164,7 +172,7 @@ def test_one_turn_tree_equals_flat():
     torch.testing.assert_close(joint_returns(trees[0], 0.9)[0], trees[0].levels[0].rewards)
     torch.testing.assert_close(joint_returns(trees[1], 0.9)[0], 1.9 * trees[1].levels[0].rewards)
     samples = [
-        agent_rows(t, 1, agent_returns(t, joint_returns(t, 0.9)), "rloo", True) for t in trees
+        agent_rows(t, 1, agent_returns(t, joint_returns(t, 0.9)), "rloo", "group") for t in trees
     ]
     assert [s.item_slot for s in samples[0]] == [s.item_slot for s in samples[1]]
     torch.testing.assert_close(
@@ -183,7 +191,7 @@ def test_reinforce_family_advantages_differ_on_the_same_rewards():
     advantages = {}
     for config in (MAGRPOConfig(), MAREINFORCEConfig(), MAReMaxConfig(), MARLOOConfig()):
         samples = agent_rows(
-            tree, 0, returns, config.advantage_mode, config.advantage_normalization
+            tree, 0, returns, config.advantage_mode, advantage_scale(config.advantage_normalization)
         )
         advantages[type(config).__name__] = [round(s.advantage, 4) for s in samples]
     # R = [0.5, 0.1, 0.9, 0.2], mean 0.425, max 0.9, std_pop 0.3112
@@ -217,3 +225,29 @@ def test_dataset_items_reach_the_tree_in_order():
         task, [path_policy(), path_policy()], items, num_generations=2, sampling=SAMPLING
     )
     torch.testing.assert_close(tree.levels[0].rewards, torch.tensor([[7.0, 7.0], [8.0, 8.0]]))
+
+
+def test_batch_scaling_divides_each_turn_by_the_rounds_std():
+    # credit [branches, N, G]: turn 1 has two branches, agent 0's returns [1, 3] and [2, 6]
+    # (group stds 1 and 2; the round's std of 1, 3, 2, 6 is sqrt(3.5)); agent 1 gets the
+    # returns doubled. Turn 2 has one branch [4, 4] (std 0).
+    turn1 = torch.tensor([[[1.0, 3.0], [2.0, 6.0]], [[2.0, 6.0], [4.0, 12.0]]])
+    turn2 = torch.tensor([[[4.0, 4.0], [8.0, 8.0]]])
+    credit = [turn1, turn2]
+    moments = return_moments(credit, num_agents=2, num_turns=3)
+    assert moments == [4, 12, 50, 2, 8, 32, 0, 0, 0, 4, 24, 200, 2, 16, 128, 0, 0, 0]
+    stds = batch_stds(moments, num_agents=2, num_turns=3)
+    std = 3.5**0.5
+    assert stds == [pytest.approx([std, 0.0, 0.0]), pytest.approx([2 * std, 0.0, 0.0])]
+    batch = sibling_advantages(credit, 0, "mean", "batch", stds[0])
+    torch.testing.assert_close(batch[0], torch.tensor([[-1 / std, 1 / std], [-2 / std, 2 / std]]))
+    torch.testing.assert_close(batch[1], torch.zeros(1, 2))
+    group = sibling_advantages(credit, 1, "mean", "group")
+    torch.testing.assert_close(group[0], torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]))
+    none = sibling_advantages(credit, 1, "mean", "none")
+    torch.testing.assert_close(none[0], torch.tensor([[-2.0, 2.0], [-4.0, 4.0]]))
+    with pytest.raises(ValueError, match="'batch' divides by the round's std per turn"):
+        sibling_advantages(credit, 0, "mean", "batch")
+    with pytest.raises(ValueError, match="scale must be one of"):
+        sibling_advantages(credit, 0, "mean", True)  # type: ignore[arg-type]
+    assert [advantage_scale(v) for v in (True, False, "batch")] == ["group", "none", "batch"]

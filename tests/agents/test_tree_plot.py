@@ -25,7 +25,14 @@ from cmlrl_agents import (
 from cmlrl_agents.cli.commands import main
 from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.functional.losses import policy_gradient_loss
-from cmlrl_agents.learning.credit import agent_returns, agent_rows, joint_returns
+from cmlrl_agents.learning.credit import (
+    advantage_scale,
+    agent_returns,
+    agent_rows,
+    batch_stds,
+    joint_returns,
+    return_moments,
+)
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.tokens import build_batch
@@ -104,7 +111,9 @@ def test_view_numbers_by_hand():
 
 
 @pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
-@pytest.mark.parametrize("mode,normalize", [("mean", True), ("rloo", False), ("max", False)])
+@pytest.mark.parametrize(
+    "mode,normalize", [("mean", True), ("mean", "batch"), ("rloo", False), ("max", "none")]
+)
 def test_view_advantages_are_the_ones_the_trainer_trains_on(joint_mode, mode, normalize):
     task = Task(
         None,
@@ -118,9 +127,12 @@ def test_view_advantages_are_the_ones_the_trainer_trains_on(joint_mode, mode, no
     )  # fmt: skip
     view = rollout_tree_view(tree, advantage_mode=mode, advantage_normalization=normalize)
     returns = agent_returns(tree, joint_returns(tree, 1.0))
+    # One item, one turn: the round's std is over this tree's returns.
+    stds = batch_stds(return_moments(returns, 2, 1), 2, 1) if normalize == "batch" else [None] * 2
     for a in range(2):
         trained = {
-            s.completion_ids: s.advantage for s in agent_rows(tree, a, returns, mode, normalize)
+            s.completion_ids: s.advantage
+            for s in agent_rows(tree, a, returns, mode, advantage_scale(normalize), stds[a])
         }
         for node in view.nodes:
             ids = tuple(ord(c) for c in node.completions[a])
