@@ -38,8 +38,9 @@ from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metr
 from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.policy_loss import OldScores, PolicyObjective
 from cmlrl_agents.learning.policy_metrics import policy_metrics
-from cmlrl_agents.learning.policy_step import OldScores, PolicyObjective, PolicyStep
+from cmlrl_agents.learning.policy_step import PolicyStep
 from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.value_head import ValueModel

@@ -39,8 +39,9 @@ from cmlrl_agents.learning.credit import (
 from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import agent_optimizers
+from cmlrl_agents.learning.policy_loss import PolicyObjective
 from cmlrl_agents.learning.policy_metrics import policy_metrics
-from cmlrl_agents.learning.policy_step import PolicyObjective, PolicyStep
+from cmlrl_agents.learning.policy_step import PolicyStep
 from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices

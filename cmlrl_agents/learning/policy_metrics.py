@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cmlrl_agents.learning.policy_step import PolicyObjective
+from cmlrl_agents.learning.policy_loss import PolicyObjective
 
 __all__ = ["policy_metrics"]
 
