@@ -41,8 +41,9 @@ from cmlrl_agents.algorithms.marlhf_rl import (
 from cmlrl_agents.algorithms.preference_config import MARLHFConfig
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, preference_team
+from cmlrl_agents.algorithms.reward_learner import RewardFit, RewardFitArgs, RewardModelLearner
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
-from cmlrl_agents.learning.learner import Learner
+from cmlrl_agents.learning.learner import Learner, UpdateLearner
 from cmlrl_agents.policies.generation import GenerationBackend
 from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
 from cmlrl_agents.runs.threads import apply_num_threads
@@ -51,6 +52,19 @@ from cmlrl_agents.runs.trainer_checks import resume_target, train_kwargs_error
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 
 __all__ = ["MARLHFTrainer", "RL_TRAINERS"]
+
+
+def reward_fit_args(args: MARLHFConfig) -> RewardFitArgs:
+    """How the config fits the reward model each round."""
+    return RewardFitArgs(
+        learning_rate=args.reward_learning_rate,
+        epochs=args.reward_num_train_epochs,
+        batch_size=args.reward_batch_size,
+        max_grad_norm=args.max_grad_norm,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler_type,
+        warmup_steps=args.warmup_steps,
+    )
 
 
 def _round_seed(seed: int | None, round_index: int) -> int | None:
@@ -112,6 +126,10 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
             pairs_file=pairs_file,
         )
         self.reward_model = self._reward_model(reward_model, agent_model)
+        self.reward_learner: UpdateLearner[RewardFit] = RewardModelLearner(
+            self.reward_model, reward_fit_args(args)
+        )
+        """The reward model's learner: one update (a Bradley-Terry fit) per round."""
         self.reward_metrics: dict[str, float] = {}
         """The last fitted round's reward-model metrics (held-out accuracy, ...)."""
         self.rl_trainer = self._rl_trainer(options)
@@ -248,18 +266,10 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
         ]
         if args.seed is not None:  # dropout draws as in an uninterrupted run
             set_seed(args.seed + round_index)
-        metrics = self.reward_model.unfreeze().fit(
-            train + replay,
-            held,
-            learning_rate=args.reward_learning_rate,
-            epochs=args.reward_num_train_epochs,
-            batch_size=args.reward_batch_size,
-            max_grad_norm=args.max_grad_norm,
-            seed=_round_seed(args.seed, round_index),
-            weight_decay=args.weight_decay,
-            lr_scheduler_type=args.lr_scheduler_type,
-            warmup_steps=args.warmup_steps,
-        )
+        self.reward_model.unfreeze()
+        self.reward_learner.args = reward_fit_args(args)  # the config may change between rounds
+        fit = RewardFit(train + replay, held, _round_seed(args.seed, round_index))
+        metrics = self.reward_learner.update(fit)
         metrics["reward_model/replay_pairs"] = float(len(replay))
         self.logger.log_now(metrics, self.env_step)
         if self.parallel.is_main:  # every rank fitted the same model; one writes it

@@ -4,7 +4,8 @@
 ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)``) that reads a joint
 response as one text (:func:`joint_text`: the item's prompt, then each agent's response).
 :meth:`~PreferenceRewardModel.fit` trains it with the Bradley-Terry loss on preference pairs and
-reports the pair accuracy on held-out pairs. Called as ``reward_model(c1, c2, batch_items=...)``
+reports the pair accuracy on held-out pairs (one update of its learner,
+:mod:`cmlrl_agents.algorithms.reward_learner`). Called as ``reward_model(c1, c2, batch_items=...)``
 it returns one reward per joint response, without gradients and without moving or updating
 anything: a trainer only uses the returned values.
 
@@ -23,11 +24,8 @@ import torch
 from torch import Tensor
 
 from cmlrl_agents.algorithms.preference_pairs import PreferencePair
-from cmlrl_agents.foundation.distributed import data_parallel
-from cmlrl_agents.functional.preference_losses import bradley_terry_loss, pair_accuracy
-from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
-from cmlrl_agents.learning.optim import make_adamw
-from cmlrl_agents.learning.schedules import make_schedulers
+from cmlrl_agents.algorithms.reward_learner import RewardFit, RewardFitArgs, RewardModelLearner
+from cmlrl_agents.functional.preference_losses import pair_accuracy
 
 __all__ = ["PreferenceRewardModel", "joint_text", "split_pairs"]
 
@@ -97,8 +95,8 @@ class PreferenceRewardModel:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.forward_batch_size = forward_batch_size
-        """Texts per forward pass when scoring (None: all at once); :meth:`fit` backpropagates
-        half as many pairs at a time (their two texts each), adding up the step's gradients."""
+        """Texts per forward pass when scoring (None: all at once); a fit backpropagates half
+        as many pairs at a time (their two texts each), adding up the step's gradients."""
         self._frozen: list[torch.nn.Parameter] = []
         """The parameters :meth:`freeze` froze, which :meth:`unfreeze` makes trainable again."""
 
@@ -153,29 +151,6 @@ class PreferenceRewardModel:
         rejected = self.score([joint_text(p.rejected, p.item) for p in pairs])
         return chosen, rejected
 
-    def _chunk_loss(
-        self, chunk: Sequence[PreferencePair], totals: Mapping[str, float]
-    ) -> ChunkLoss:
-        """A chunk's Bradley-Terry loss, its share of the step's mean over pairs."""
-        loss = bradley_terry_loss(*self.pair_scores(chunk)) * (len(chunk) / totals["pairs"])
-        return ChunkLoss(loss, {"loss": loss.detach()})
-
-    def _step_plan(
-        self, pairs: Sequence[PreferencePair], optimizer: torch.optim.Optimizer
-    ) -> StepPlan[Sequence[PreferencePair]]:
-        """One Bradley-Terry step over ``pairs``, half ``forward_batch_size`` pairs (their two
-        texts each) per backward."""
-        per_forward = -(-self.forward_batch_size // 2) if self.forward_batch_size else None
-        size = per_forward or max(len(pairs), 1)
-        return StepPlan(
-            optimizers={"reward_model": optimizer},
-            chunks=[pairs[i : i + size] for i in range(0, len(pairs), size)],
-            count=lambda chunk: {"pairs": float(len(chunk))},
-            loss=self._chunk_loss,
-            count_keys=["pairs"],
-            sum_keys=["loss"],
-        )
-
     def accuracy(self, pairs: Sequence[PreferencePair]) -> float:
         """Share of ``pairs`` whose chosen joint response scores higher."""
         self.model.eval()
@@ -198,7 +173,9 @@ class PreferenceRewardModel:
     ) -> dict[str, float]:
         """Bradley-Terry training, ``batch_size`` pairs per optimizer step (scored
         ``forward_batch_size`` pairs per forward), with AdamW at ``weight_decay`` and the
-        ``lr_scheduler_type`` / ``warmup_steps`` schedule over this fit's steps; returns
+        ``lr_scheduler_type`` / ``warmup_steps`` schedule over this fit's steps, each epoch
+        shuffled by ``seed``: one update of a
+        :class:`~cmlrl_agents.algorithms.reward_learner.RewardModelLearner`. Returns
         ``reward_model/loss`` (last epoch's mean), ``reward_model/train_accuracy`` and, with
         ``eval_pairs``, ``reward_model/eval_accuracy`` (held-out pairs, before:
         ``reward_model/eval_accuracy_before``).
@@ -206,38 +183,17 @@ class PreferenceRewardModel:
         Each fit starts a fresh optimizer and schedule from the current weights, so the
         weights are the whole state between fits (a resumed MARLHF run fits as an
         uninterrupted one)."""
-        if not train_pairs:
-            raise ValueError("fit needs at least one training pair.")
-        metrics = {}
-        if eval_pairs:
-            metrics["reward_model/eval_accuracy_before"] = self.accuracy(eval_pairs)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = make_adamw(params, learning_rate, "reward_model", weight_decay)
-        steps = epochs * -(-len(train_pairs) // batch_size)
-        schedulers = make_schedulers(
-            {"reward_model": optimizer}, lr_scheduler_type, warmup_steps, steps
+        args = RewardFitArgs(
+            learning_rate=learning_rate,
+            epochs=epochs,
+            batch_size=batch_size,
+            max_grad_norm=max_grad_norm,
+            weight_decay=weight_decay,
+            lr_scheduler_type=lr_scheduler_type,
+            warmup_steps=warmup_steps,
         )
-        parallel = data_parallel()
-        engine = StepEngine(parallel)
-        rng = random.Random(seed)
-        for _ in range(epochs):
-            order, losses = list(train_pairs), []
-            rng.shuffle(order)
-            self.model.train()
-            for start in range(0, len(order), batch_size):
-                window = order[start : start + batch_size]
-                # Under torchrun each rank scores its block of the step's pairs.
-                plan = self._step_plan(parallel.shard(window, len(window)), optimizer)
-                result = engine.step(plan, max_grad_norm=max_grad_norm, schedulers=schedulers)
-                losses.append(result.stats["loss"])
-            metrics["reward_model/loss"] = sum(losses) / len(losses)
-        self.model.eval()
-        metrics["reward_model/train_accuracy"] = self.accuracy(train_pairs)
-        metrics["reward_model/train_pairs"] = float(len(train_pairs))
-        if eval_pairs:
-            metrics["reward_model/eval_accuracy"] = self.accuracy(eval_pairs)
-            metrics["reward_model/eval_pairs"] = float(len(eval_pairs))
-        return metrics
+        fit = RewardFit(tuple(train_pairs), tuple(eval_pairs), seed)
+        return RewardModelLearner(self, args).update(fit)
 
     def freeze(self) -> PreferenceRewardModel:
         """No parameter of the model requires gradients any more (it is only a reward now)."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer, PreferencePair, PreferenceRewardModel
+from cmlrl_agents.algorithms.reward_learner import RewardFit, RewardFitArgs, RewardModelLearner
 from cmlrl_agents.algorithms.reward_model import joint_text, split_pairs
 from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_reward_model, tiny_tokenizer
 from cmlrl_env import tasks
@@ -144,3 +145,35 @@ def test_fit_applies_weight_decay_and_the_warmup_schedule():
         torch.testing.assert_close(
             value - weights(plain)[name], -1e-2 * 0.5 * before[name], rtol=1e-4, atol=1e-7
         )
+
+
+def test_the_reward_learner_updates_on_a_fit_and_equals_fit():
+    pairs = synthetic_pairs(6, seed=6)
+    by_fit, by_learner = reward_model(), reward_model()
+    before = weights(by_learner)
+    expected = by_fit.fit(pairs[:4], pairs[4:], learning_rate=1e-2, batch_size=2, seed=3)
+    learner = RewardModelLearner(by_learner, RewardFitArgs(learning_rate=1e-2, batch_size=2))
+    assert learner.optimizers == [] and learner.reference_models is None
+    got = learner.update(RewardFit(pairs[:4], pairs[4:], seed=3))
+    assert got == expected  # the same fit, digit for digit
+    assert got["reward_model/loss"] > 0 and got["reward_model/train_pairs"] == 4.0
+    assert any(not torch.equal(v, before[n]) for n, v in weights(by_learner).items())
+    assert len(learner.optimizers) == 1  # the fit's own AdamW: 2 steps of 2 pairs
+    steps = {float(state["step"]) for state in learner.optimizers[0].state.values()}
+    assert steps == {2.0}
+    modules, optimizers = learner.checkpoint_parts()
+    assert modules == {"reward_model": by_learner.model} and optimizers == {}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: RewardFit(()), "a reward fit needs at least one training pair"),
+        (lambda: RewardFitArgs(batch_size=0), "batch_size must be an int >= 1, got 0"),
+        (lambda: RewardFitArgs(epochs=1.5), "epochs must be an int >= 1, got 1.5"),
+        (lambda: RewardFitArgs(learning_rate=0.0), "learning_rate must be > 0, got 0.0"),
+    ],
+)
+def test_bad_fits_are_refused_when_built(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
