@@ -35,9 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
-        "--grid", action="append", default=[], metavar="FIELD=V1,V2",
+        "--grid",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
         help="a config field and the values to try (repeatable: every combination)",
-    )  # fmt: skip
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--eval-repeats", type=int, default=4, help="samples of each prompt")
     parser.add_argument("--yardstick", type=float, default=None, help="comlrl's final reward")
@@ -62,9 +65,24 @@ def grid(entries: list[str]) -> list[dict[str, Any]]:
 
 
 def one_run(args: argparse.Namespace, setting: dict[str, Any], seed: int) -> dict:
-    argv = ["--only", "cmlrl", "--program", "all10", "--items", "10", "--epochs",
-            str(args.epochs), "--eval-every", "10", "--eval-repeats", str(args.eval_repeats),
-            "--seed", str(seed), "--threads", str(args.threads)]  # fmt: skip
+    argv = [
+        "--only",
+        "cmlrl",
+        "--program",
+        "all10",
+        "--items",
+        "10",
+        "--epochs",
+        str(args.epochs),
+        "--eval-every",
+        "10",
+        "--eval-repeats",
+        str(args.eval_repeats),
+        "--seed",
+        str(seed),
+        "--threads",
+        str(args.threads),
+    ]
     argv += [f"--set={k}={json.dumps(v)}" for k, v in setting.items()]
     argv += ["--model", args.model]
     run_args = learning.parse_args(argv)
@@ -105,8 +123,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             results[name].append(r)
             every.append({"setting": setting, "seed": seed, **r})
     rows = {name: summary(runs) for name, runs in results.items()}
-    print(f"\n{len(args.seeds)} seeds ({args.seeds}), {args.epochs} epoch(s), eval 10 prompts x "
-          f"{args.eval_repeats}, {args.threads} thread(s)")  # fmt: skip
+    print(
+        f"\n{len(args.seeds)} seeds ({args.seeds}), {args.epochs} epoch(s), eval 10 prompts x "
+        f"{args.eval_repeats}, {args.threads} thread(s)"
+    )
     print("| setting | before | after (mean ± sd) | worst seed change | train s |")
     print("|---|---|---|---|---|")
     for name, s in rows.items():
@@ -114,8 +134,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         if args.yardstick is not None:
             met = s["after"] >= args.yardstick and s["worst_change"] >= 0
             mark = " (target met)" if met else ""
-        print(f"| {name} | {s['before']:.3f} | {s['after']:.3f} ± {s['after_sd']:.3f}{mark} | "
-              f"{s['worst_change']:+.3f} | {s['seconds']:.0f} |")  # fmt: skip
+        print(
+            f"| {name} | {s['before']:.3f} | {s['after']:.3f} ± {s['after_sd']:.3f}{mark} | "
+            f"{s['worst_change']:+.3f} | {s['seconds']:.0f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(every, indent=2) + "\n")
     return rows

@@ -153,9 +153,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=8, help="training items (8: the train split)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs (with a budget: at most)")
     parser.add_argument(
-        "--comlrl-epochs", type=int, help="comlrl's epochs (default: --epochs), so ours can train "
+        "--comlrl-epochs",
+        type=int,
+        help="comlrl's epochs (default: --epochs), so ours can train "
         "longer than comlrl under --match-comlrl-time",
-    )  # fmt: skip
+    )
     parser.add_argument("--eval-repeats", type=int, default=8, help="samples of each eval prompt")
     parser.add_argument("--eval-every", type=int, default=4, help="our curve: items between evals")
     parser.add_argument("--only", choices=sorted(PROGRAMS), help="run one library only")
@@ -171,9 +173,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--comlrl-lr", type=float, help="comlrl's (default: its 5e-6)")
     parser.add_argument("--seed", type=int, default=0, help="our config's seed")
     parser.add_argument(
-        "--program", choices=("split", "all10"), default="split",
+        "--program",
+        choices=("split", "all10"),
+        default="split",
         help="split: train 8 items, evaluate the 2 held out; all10: train and evaluate the 10",
-    )  # fmt: skip
+    )
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget-seconds", type=float, help="stop ours after this training CPU")
     budget.add_argument(

@@ -113,9 +113,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
-        "--setups", nargs="+", choices=["full", "lora"], default=["full", "lora"],
+        "--setups",
+        nargs="+",
+        choices=["full", "lora"],
+        default=["full", "lora"],
         help="ours: full fine-tuning (the reference's work) and/or adapter agents",
-    )  # fmt: skip
+    )
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "comlrl-venv")
     args = parser.parse_args()
 

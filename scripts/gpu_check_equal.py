@@ -75,10 +75,15 @@ def plain_generate(agent: LLMAgent, rows: Sequence[Sequence[int]], tokens: int, 
     agent.model.eval()
     with torch.inference_mode():
         out = agent.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=tokens,
-            min_new_tokens=tokens, pad_token_id=pad, eos_token_id=sorted(agent.eos_token_ids),
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            pad_token_id=pad,
+            eos_token_id=sorted(agent.eos_token_ids),
             **extra,
-        )  # fmt: skip
+        )
     return [tuple(row) for row in out[:, width:].tolist()]
 
 

@@ -39,8 +39,11 @@ def test_notebooks_take_the_tiny_models_from_where_the_examples_do() -> None:
 
 
 def test_notebook_3_trains_smollm2_with_the_main_jobs_settings() -> None:
-    (setup,) = [c for c in cells(ROOT / "examples/notebooks/03_train_a_team.ipynb", "code")
-                if "SETTINGS" in c and "def models" in c]  # fmt: skip
+    (setup,) = [
+        c
+        for c in cells(ROOT / "examples/notebooks/03_train_a_team.ipynb", "code")
+        if "SETTINGS" in c and "def models" in c
+    ]
     scope: dict[str, object] = {"MODEL": "smollm2"}
     exec(compile(setup, "03_train_a_team", "exec"), scope)
     settings = scope["SETTINGS"]

@@ -55,8 +55,10 @@ def eval_logger(*, agent_completions_turns, batch_items, prompts) -> list[dict[s
 
 
 def eval_aggregator(rows: list[dict[str, float]], *, num_turns: int) -> dict[str, float]:
-    return {"detailed_chars": sum(r["detailed_chars"] for r in rows) / len(rows),
-            "rows": float(len(rows))}  # fmt: skip
+    return {
+        "detailed_chars": sum(r["detailed_chars"] for r in rows) / len(rows),
+        "rows": float(len(rows)),
+    }
 
 
 def brief(item: dict[str, Any]) -> str:
@@ -68,30 +70,48 @@ def detailed(item: dict[str, Any]) -> str:
 
 
 SHARED = dict(
-    max_new_tokens=5, eval_interval=0, logging_steps=1, agent_learning_rate=1e-2, seed=0,
-    verbose=False, temperature=1.0, top_p=1.0, top_k=None,
-)  # fmt: skip
+    max_new_tokens=5,
+    eval_interval=0,
+    logging_steps=1,
+    agent_learning_rate=1e-2,
+    seed=0,
+    verbose=False,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=None,
+)
 
 
 def build(spec: dict[str, Any], out: Path) -> Any:
     family = spec.get("family", "magrpo")
     data = Dataset.from_dict({"prompt": [f"task {i * 7}" for i in range(spec["items"])]})
-    team = {"agents": [tiny_agent(seed=0, eos_bias=3.0), tiny_agent(seed=1, eos_bias=1.0)],
-            "formatters": [brief, detailed], "reward_func": ratio_reward,
-            "train_dataset": data}  # fmt: skip
-    common = {**SHARED, "output_dir": str(out / "run"), "save_steps": spec.get("save_steps", 0),
-              "num_train_epochs": spec.get("epochs", 1), "forward_batch_size": 4}  # fmt: skip
+    team = {
+        "agents": [tiny_agent(seed=0, eos_bias=3.0), tiny_agent(seed=1, eos_bias=1.0)],
+        "formatters": [brief, detailed],
+        "reward_func": ratio_reward,
+        "train_dataset": data,
+    }
+    common = {
+        **SHARED,
+        "output_dir": str(out / "run"),
+        "save_steps": spec.get("save_steps", 0),
+        "num_train_epochs": spec.get("epochs", 1),
+        "forward_batch_size": 4,
+    }
     if family == "magrpo":
         args = MAGRPOConfig(
-            **common, num_generations=2, rollout_buffer_size=4,
+            **common,
+            num_generations=2,
+            rollout_buffer_size=4,
             loss_aggregation=spec.get("loss_aggregation", "token_mean"),
             advantage_normalization=spec.get("advantage_normalization", True),
-        )  # fmt: skip
+        )
         num_eval = spec.get("eval_items", 0)
         if num_eval:  # evaluated at items 0 and 4 of the epoch, and once more at the end
             questions = Dataset.from_dict({"prompt": [f"q {i}" for i in range(num_eval)]})
-            team.update(eval_dataset=questions, eval_logger=eval_logger,
-                        eval_aggregator=eval_aggregator)  # fmt: skip
+            team.update(
+                eval_dataset=questions, eval_logger=eval_logger, eval_aggregator=eval_aggregator
+            )
             args.eval_interval, args.eval_num_samples, args.eval_batch_size = 4, num_eval, 2
         return MAGRPOTrainer(args=args, **team)
     if family in ("iac", "maac"):
@@ -106,13 +126,19 @@ def build(spec: dict[str, Any], out: Path) -> Any:
         team["agents"] = team["agents"][:1]
         return CentralizedMAGRPOTrainer(args=args, **team)
     if family == "madpo":
-        args = MADPOConfig(**common, preference_num_candidates=3, rollout_buffer_size=4,
-                           pair_batch_size=4)  # fmt: skip
+        args = MADPOConfig(
+            **common, preference_num_candidates=3, rollout_buffer_size=4, pair_batch_size=4
+        )
         return MADPOTrainer(args=args, **team)
     tokenizer = tiny_tokenizer()
     rl = MAGRPOConfig(**{**common, "output_dir": None}, num_generations=2, rollout_buffer_size=4)
-    args = MARLHFConfig(**common, rl_algorithm="magrpo", rl_args=rl, reward_learning_rate=1e-3,
-                        rollout_buffer_size=4)  # fmt: skip
+    args = MARLHFConfig(
+        **common,
+        rl_algorithm="magrpo",
+        rl_args=rl,
+        reward_learning_rate=1e-3,
+        rollout_buffer_size=4,
+    )
     model = PreferenceRewardModel(tiny_reward_model(len(tokenizer)), tokenizer, device="cpu")
     return MARLHFTrainer(args=args, reward_model=model, **team)
 
@@ -127,12 +153,21 @@ def main() -> None:
     num_eval = spec.get("eval_items", 0)
     final = trainer.evaluate(num_eval_samples=num_eval) if num_eval else {}
     rank = data_parallel().rank
-    params = {f"agent_{i}.{n}": p.detach() for i, a in enumerate(trainer.agents)
-              for n, p in a.model.named_parameters() if p.requires_grad}  # fmt: skip
+    params = {
+        f"agent_{i}.{n}": p.detach()
+        for i, a in enumerate(trainer.agents)
+        for n, p in a.model.named_parameters()
+        if p.requires_grad
+    }
     torch.save(params, out / f"params-rank{rank}.pt")
-    state = {"last": last, "env_step": trainer.env_step, "items_seen": trainer.items_seen,
-             "world_size": data_parallel().world_size, "eval": final,
-             "eval_reward_calls": CALLS["reward"]}  # fmt: skip
+    state = {
+        "last": last,
+        "env_step": trainer.env_step,
+        "items_seen": trainer.items_seen,
+        "world_size": data_parallel().world_size,
+        "eval": final,
+        "eval_reward_calls": CALLS["reward"],
+    }
     (out / f"metrics-rank{rank}.json").write_text(json.dumps(state))
     trainer.close()
     if torch.distributed.is_initialized():

@@ -22,11 +22,21 @@ FORMATTERS = [tasks.brief_formatter, tasks.detailed_formatter]
 
 def iac_config(out: Path, **overrides) -> IACConfig:
     fields = dict(
-        num_generations=3, max_new_tokens=4, rollout_buffer_size=2, eval_interval=0,
-        agent_learning_rate=1e-2, critic_learning_rate=1e-2, use_separate_critic=False,
-        reference_kl_enabled=True, reference_kl_coef=0.5, ppo_clip_range=0.2, ppo_epochs=2,
-        forward_batch_size=4, seed=0, output_dir=str(out),
-    )  # fmt: skip
+        num_generations=3,
+        max_new_tokens=4,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        agent_learning_rate=1e-2,
+        critic_learning_rate=1e-2,
+        use_separate_critic=False,
+        reference_kl_enabled=True,
+        reference_kl_coef=0.5,
+        ppo_clip_range=0.2,
+        ppo_epochs=2,
+        forward_batch_size=4,
+        seed=0,
+        output_dir=str(out),
+    )
     return IACConfig(**{**fields, **overrides})
 
 
@@ -84,9 +94,12 @@ def round_tree(trainer):
     data = tasks.length_ratio_dataset()
     torch.manual_seed(0)
     return collect_tree(
-        trainer.env, trainer.agents, [(data[i], i) for i in range(2)], num_generations=3,
+        trainer.env,
+        trainer.agents,
+        [(data[i], i) for i in range(2)],
+        num_generations=3,
         sampling=trainer.agent_sampling,
-    )  # fmt: skip
+    )
 
 
 def test_mixed_adapter_scoring_equals_each_adapter_alone(base_folder, tmp_path) -> None:
@@ -162,10 +175,15 @@ def test_one_scoring_pass_for_the_whole_team(base_folder, tmp_path, ppo) -> None
 
 def test_maac_adapter_agents_train_jointly_and_log(base_folder, tmp_path) -> None:
     args = MAACConfig(
-        num_generations=2, max_new_tokens=4, rollout_buffer_size=2, eval_interval=0,
-        agent_learning_rate=1e-2, critic_learning_rate=1e-2, forward_batch_size=3,
+        num_generations=2,
+        max_new_tokens=4,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        agent_learning_rate=1e-2,
+        critic_learning_rate=1e-2,
+        forward_batch_size=3,
         output_dir=str(tmp_path / "run"),
-    )  # fmt: skip
+    )
     trainer = team(MAACTrainer, args, shared=base_folder, critic_model=str(base_folder))
     assert trainer.learner.actor_groups() == [[0, 1]]
     base = {n: p.detach().clone() for n, p in trainer.agents[0].model.named_parameters()}

@@ -152,9 +152,12 @@ def test_given_models_keep_one_base_per_distinct_model(tmp_path):
     tokenizer = tiny_tokenizer()
     base_a, base_b = tiny_model(len(tokenizer), 0), tiny_model(len(tokenizer), 1)
     args = MAGRPOConfig(
-        num_generations=2, max_new_tokens=4, eval_interval=0, save_steps=2,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_interval=0,
+        save_steps=2,
         output_dir=str(tmp_path / "run"),
-    )  # fmt: skip
+    )
     trainer = MAGRPOTrainer(
         agents=[base_a, base_b],
         tokenizer=tokenizer,
@@ -172,9 +175,14 @@ def test_given_models_keep_one_base_per_distinct_model(tmp_path):
 
 def test_iac_adapter_agents_get_a_value_head_each(base_folder, tmp_path):
     args = IACConfig(
-        num_generations=2, max_new_tokens=4, rollout_buffer_size=2, eval_interval=0,
-        agent_learning_rate=1e-2, use_separate_critic=False, output_dir=str(tmp_path / "run"),
-    )  # fmt: skip
+        num_generations=2,
+        max_new_tokens=4,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        agent_learning_rate=1e-2,
+        use_separate_critic=False,
+        output_dir=str(tmp_path / "run"),
+    )
     trainer = make_trainer(base_folder, tmp_path / "run", cls=IACTrainer, args=args)
     model = trainer.agents[0].model
     assert trainer.agents[1].model is model
@@ -237,10 +245,15 @@ def test_joint_scoring_of_a_shared_base_equals_agent_by_agent_updates(base_folde
 
     def config(out):
         return MAGRPOConfig(
-            num_generations=3, max_new_tokens=4, forward_batch_size=4, eval_interval=0,
-            agent_learning_rate=1e-2, reference_kl_enabled=True, reference_kl_coef=0.5,
+            num_generations=3,
+            max_new_tokens=4,
+            forward_batch_size=4,
+            eval_interval=0,
+            agent_learning_rate=1e-2,
+            reference_kl_enabled=True,
+            reference_kl_coef=0.5,
             output_dir=str(tmp_path / out),
-        )  # fmt: skip
+        )
 
     shared = make_trainer(base_folder, tmp_path / "a", args=config("a"))
     tokenizer = tiny_tokenizer()
@@ -262,9 +275,12 @@ def test_joint_scoring_of_a_shared_base_equals_agent_by_agent_updates(base_folde
                     param.copy_(source[name])
     data = tasks.length_ratio_dataset()
     tree = collect_tree(
-        shared.env, shared.agents, [(data[i], i) for i in range(2)], num_generations=3,
+        shared.env,
+        shared.agents,
+        [(data[i], i) for i in range(2)],
+        num_generations=3,
         sampling=shared.agent_sampling,
-    )  # fmt: skip
+    )
     for _ in range(2):  # the second update has a non-zero KL to the base
         got = shared.learner.update(shared.learner.batch(tree))
         want = separate.learner.update(separate.learner.batch(tree))

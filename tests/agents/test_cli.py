@@ -316,9 +316,14 @@ def test_eval_of_the_best_model(tmp_path, capsys):
         == (state["env_step"])
     )
     code, _, err = run_cli(
-        capsys, "eval", TINY, "--set", f"config.output_dir={tmp_path / 'none'}", "--checkpoint",
+        capsys,
+        "eval",
+        TINY,
+        "--set",
+        f"config.output_dir={tmp_path / 'none'}",
+        "--checkpoint",
         "best",
-    )  # fmt: skip
+    )
     assert code == 2 and "holds no best model" in err
 
 

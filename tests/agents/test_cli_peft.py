@@ -39,7 +39,7 @@ def run_file(folder: Path, peft, algorithm: str = "magrpo", **config) -> Path:
             "output_dir": str(folder / "run"),
             "verbose": False,
             **config,
-        },  # fmt: skip
+        },
         "peft": peft,
     }
     path = folder / "run.yaml"
@@ -92,8 +92,13 @@ def test_train_with_a_peft_section_saves_adapters_only(tmp_path, capsys) -> None
 
 def test_a_list_gives_one_adapter_config_per_agent(tmp_path) -> None:
     second = {"r": 2, "lora_alpha": 4, "target_modules": ["k_proj"]}
-    p = plan(yaml.safe_load(run_file(tmp_path, [LORA, second], algorithm="iac",
-                                     use_separate_critic=False).read_text()))  # fmt: skip
+    p = plan(
+        yaml.safe_load(
+            run_file(
+                tmp_path, [LORA, second], algorithm="iac", use_separate_critic=False
+            ).read_text()
+        )
+    )
     assert [c.r for c in p.peft] == [4, 2] and all(isinstance(c, LoraConfig) for c in p.peft)
     trainer = build_trainer(p, use_wandb=False)
     model = trainer.agents[0].model

@@ -51,13 +51,29 @@ def _launch(out: Path, nproc: int, launcher: str = "torchrun", **spec: object) -
         # torch.distributed.run, which works without a GPU: the trainer then picks gloo. No
         # config file is read (HF_HOME is the test's), so the flags are the whole launch.
         env["HF_HOME"] = str(out / "hf_home")
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-               f"--num_processes={nproc}", "--num_machines=1", "--mixed_precision=no",
-               "--dynamo_backend=no", f"--main_process_port={_free_port()}",
-               str(SCRIPT), arg]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            f"--num_processes={nproc}",
+            "--num_machines=1",
+            "--mixed_precision=no",
+            "--dynamo_backend=no",
+            f"--main_process_port={_free_port()}",
+            str(SCRIPT),
+            arg,
+        ]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={_free_port()}", str(SCRIPT), arg]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={_free_port()}",
+            str(SCRIPT),
+            arg,
+        ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

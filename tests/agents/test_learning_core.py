@@ -163,19 +163,30 @@ def test_log_probs_are_scored_at_the_temperature_one_or_per_row() -> None:
 
 def test_a_step_adds_the_kl_per_token_of_the_agent_at_its_temperature(tmp_path) -> None:
     trainer = make_trainer(
-        tmp_path, num_agents=1, reference_kl_enabled=True, reference_kl_coef=0.5,
-        loss_aggregation="token_mean", temperature=0.8,
-    )  # fmt: skip
+        tmp_path,
+        num_agents=1,
+        reference_kl_enabled=True,
+        reference_kl_coef=0.5,
+        loss_aggregation="token_mean",
+        temperature=0.8,
+    )
     model = trainer.agents[0].model
     reference = copy.deepcopy(model)
     with torch.no_grad():
         next(model.parameters()).add_(0.05)
     rows = [
-        PolicyRow(agent=0, item_slot=0, turn=1, prompt_ids=(1, 5, 9), completion_ids=(10, 11, 12),
-                  advantage=0.0),
-        PolicyRow(agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(13,),
-                  advantage=0.0),
-    ]  # fmt: skip
+        PolicyRow(
+            agent=0,
+            item_slot=0,
+            turn=1,
+            prompt_ids=(1, 5, 9),
+            completion_ids=(10, 11, 12),
+            advantage=0.0,
+        ),
+        PolicyRow(
+            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(13,), advantage=0.0
+        ),
+    ]
     batch = build_batch([r.prompt_ids for r in rows], [r.completion_ids for r in rows], 0)
     with torch.no_grad():
         lp = sequence_logprobs(model, batch, temperature=0.8)
@@ -190,18 +201,25 @@ def test_a_step_adds_the_kl_per_token_of_the_agent_at_its_temperature(tmp_path) 
 
 def test_later_steps_of_a_round_use_the_clipped_ratio_to_the_rows_before_the_round(tmp_path):
     trainer = make_trainer(
-        tmp_path, num_agents=1, rollout_buffer_size=2, train_batch_size=1,
-        agent_learning_rate=0.05, max_grad_norm=None, ppo_clip_range=0.1,
+        tmp_path,
+        num_agents=1,
+        rollout_buffer_size=2,
+        train_batch_size=1,
+        agent_learning_rate=0.05,
+        max_grad_norm=None,
+        ppo_clip_range=0.1,
         reference_kl_enabled=False,  # the loss by hand below has no KL term
-    )  # fmt: skip
+    )
     model = trainer.agents[0].model
     before = copy.deepcopy(model)
     rows = (
-        PolicyRow(agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11),
-                  advantage=1.0),
-        PolicyRow(agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13),
-                  advantage=-1.0),
-    )  # fmt: skip
+        PolicyRow(
+            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
+        ),
+        PolicyRow(
+            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
+        ),
+    )
     grads = record_step_gradients(trainer.learner.optimizers[0])
     metrics = trainer.learner.update(TrainBatch(rows, num_items=2))
     n = len(list(model.parameters()))
@@ -245,17 +263,27 @@ def tis_gradient(
 
     agent = tiny_agent(seed=2)
     args = MAGRPOConfig(
-        num_agents=1, generation_backend=backend, tis_cap=1.5, max_grad_norm=None,
-        temperature=0.8, output_dir=None, **sampling,
-    )  # fmt: skip
+        num_agents=1,
+        generation_backend=backend,
+        tis_cap=1.5,
+        max_grad_norm=None,
+        temperature=0.8,
+        output_dir=None,
+        **sampling,
+    )
     learner = PolicyGradientLearner([agent], args, num_turns=1)
     batch = build_batch([(1, 5, 9)], [completion], 0)
     with torch.no_grad():
         reported = sampler_logprobs(agent.model, batch)
     row = PolicyRow(
-        agent=0, item_slot=0, turn=1, prompt_ids=(1, 5, 9), completion_ids=completion,
-        advantage=1.0, sampler_logprobs=tuple(reported.tolist()),
-    )  # fmt: skip
+        agent=0,
+        item_slot=0,
+        turn=1,
+        prompt_ids=(1, 5, 9),
+        completion_ids=completion,
+        advantage=1.0,
+        sampler_logprobs=tuple(reported.tolist()),
+    )
     grads = record_step_gradients(learner.optimizers[0])
     learner.update(TrainBatch((row,), num_items=1))
     return grads

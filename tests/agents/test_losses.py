@@ -95,11 +95,15 @@ def test_batched_equals_weighted_sum_of_single_samples(
     weights = torch.full((3,), 1.0 / 3) if aggregation == "sequence_sum" else counts / counts.sum()
     singles = [
         policy_gradient_loss(
-            logp[i : i + 1], mask[i : i + 1], adv[i : i + 1], aggregation,
-            None if old is None else old[i : i + 1], clip_range,
+            logp[i : i + 1],
+            mask[i : i + 1],
+            adv[i : i + 1],
+            aggregation,
+            None if old is None else old[i : i + 1],
+            clip_range,
         )
         for i in range(3)
-    ]  # fmt: skip
+    ]
     combined = sum(w * s for w, s in zip(weights, singles, strict=True))
     torch.testing.assert_close(batched, combined)
     (g_batched,) = torch.autograd.grad(batched, logp)

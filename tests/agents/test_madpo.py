@@ -140,8 +140,13 @@ class KeyedJudge:
 
 def test_a_comparators_key_never_reaches_checkpoints_or_logs(tmp_path):
     judge = KeyedJudge()
-    trainer = make_trainer(tmp_path, comparator=judge, pair_selection="all",
-                           preference_pairs_per_sample=None, save_steps=1)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        comparator=judge,
+        pair_selection="all",
+        preference_pairs_per_sample=None,
+        save_steps=1,
+    )
     trainer.train()
     trainer.close()
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
@@ -153,8 +158,11 @@ def test_a_comparators_key_never_reaches_checkpoints_or_logs(tmp_path):
 def test_a_pairs_file_trains_without_a_dataset(tmp_path):
     source = make_trainer(tmp_path, "source")
     pairs = source.build_pairs(0)
-    path = save_pairs(tmp_path / "labels.jsonl", [p.__class__(p.prompts, p.chosen, p.rejected)
-                                                  for p in pairs], AGENTS)  # fmt: skip
+    path = save_pairs(
+        tmp_path / "labels.jsonl",
+        [p.__class__(p.prompts, p.chosen, p.rejected) for p in pairs],
+        AGENTS,
+    )
     trainer = MADPOTrainer(
         agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
         pairs_file=path,
@@ -227,9 +235,10 @@ def test_keywords_madpo_does_not_take_are_refused_by_name():
 
 def test_pairs_are_sampled_with_each_agents_settings_through_the_trainers_backend(tmp_path):
     trainer = make_trainer(
-        tmp_path, agent_sampling=[{"temperature": 0.5}, {"temperature": 1.3, "top_k": 7}],
+        tmp_path,
+        agent_sampling=[{"temperature": 0.5}, {"temperature": 1.3, "top_k": 7}],
         eval_interval=0,
-    )  # fmt: skip
+    )
     seen = []
     backend = trainer.generation_backend
     generate = backend.generate

@@ -101,9 +101,13 @@ def test_logging_steps_averages_the_entries_in_each_gap(tmp_path):
 
 def row(slot: int, turn: int, prompt: tuple[int, ...], completion: tuple[int, ...], adv: float):
     return PolicyRow(
-        agent=0, item_slot=slot, turn=turn, prompt_ids=prompt, completion_ids=completion,
+        agent=0,
+        item_slot=slot,
+        turn=turn,
+        prompt_ids=prompt,
+        completion_ids=completion,
         advantage=adv,
-    )  # fmt: skip
+    )
 
 
 def test_single_agent_update_is_grpo(tmp_path):
@@ -245,9 +249,12 @@ def test_forward_chunks_give_the_same_reference_kl_stats(tmp_path):
     stats = []
     for chunk in (None, 1, 3):
         trainer = make_trainer(
-            tmp_path, num_agents=1, num_turns=2, forward_batch_size=chunk,
+            tmp_path,
+            num_agents=1,
+            num_turns=2,
+            forward_batch_size=chunk,
             reference_kl_enabled=True,
-        )  # fmt: skip
+        )
         with torch.no_grad():  # move the policy away from its reference
             next(trainer.agents[0].model.parameters()).add_(0.05)
         stats.append(trainer.learner.update(one_agent_batch(rows)))
@@ -580,9 +587,12 @@ def test_mask_truncated_completions_leaves_cut_answers_out_of_the_loss_not_the_g
     data = tasks.length_ratio_dataset()
     torch.manual_seed(0)
     tree = collect_tree(
-        trainer.env, trainer.agents, [(data[i], i) for i in range(2)], num_generations=4,
+        trainer.env,
+        trainer.agents,
+        [(data[i], i) for i in range(2)],
+        num_generations=4,
         sampling=trainer.agent_sampling,
-    )  # fmt: skip
+    )
     for level in tree.levels:  # the tiny model rarely ends: say sample 0 of each group did
         for samples in (s for agent in level.completions for s in agent):
             samples[0] = dataclasses.replace(samples[0], finished=True)

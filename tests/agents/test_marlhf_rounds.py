@@ -145,9 +145,11 @@ def test_rl_options_reach_the_rl_phase_and_misplaced_keywords_say_where_they_go(
         reward_model=reward_model(),
     )
     iac = MARLHFConfig(
-        max_new_tokens=6, rl_algorithm="iac", output_dir=str(tmp_path / "iac"),
+        max_new_tokens=6,
+        rl_algorithm="iac",
+        output_dir=str(tmp_path / "iac"),
         rl_args=IACConfig(**RL, use_separate_critic=False),
-    )  # fmt: skip
+    )
     trainer = MARLHFTrainer(**common, args=iac, rl_options={"metrics_callback": callback})
     assert trainer.rl_trainer.metrics_callback is callback
     trainer.train()

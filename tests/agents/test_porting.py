@@ -196,7 +196,7 @@ def test_actor_critic_on_cuda_trains(tmp_path):
             agent_devices="cuda:0",
             eval_interval=0,
             output_dir=str(tmp_path),
-        ),  # fmt: skip
+        ),
         **TASK,
     )
     assert {c.device.type for c in trainer.critics} == {"cuda"}  # beside their agents

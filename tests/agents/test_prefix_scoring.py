@@ -191,10 +191,16 @@ def _learner_step(prefix_sharing: bool) -> dict[str, torch.Tensor]:
     learner = PolicyGradientLearner([agent], args, num_turns=1)
     prompt = tuple(agent.encode_prompts(["Describe a city."])[0])
     rows = [
-        PolicyRow(agent=0, item_slot=0, turn=1, prompt_ids=prompt,
-                  completion_ids=(40 + g, 50, 2)[: g + 1], advantage=float(g) - 1.5)
+        PolicyRow(
+            agent=0,
+            item_slot=0,
+            turn=1,
+            prompt_ids=prompt,
+            completion_ids=(40 + g, 50, 2)[: g + 1],
+            advantage=float(g) - 1.5,
+        )
         for g in range(4)
-    ]  # fmt: skip
+    ]
     learner.update(TrainBatch(tuple(rows), num_items=1))
     return {n: p.detach().clone() for n, p in agent.model.named_parameters()}
 
@@ -221,9 +227,13 @@ def _plain_generate(agent, rows, sampling, adapter_names=None):
     extra = {} if adapter_names is None else {"adapter_names": adapter_names}
     with torch.inference_mode():
         out = agent.model.generate(
-            input_ids=ids, attention_mask=mask, pad_token_id=agent.pad_token_id,
-            eos_token_id=sorted(agent.eos_token_ids), **sampling.generate_kwargs(), **extra,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            pad_token_id=agent.pad_token_id,
+            eos_token_id=sorted(agent.eos_token_ids),
+            **sampling.generate_kwargs(),
+            **extra,
+        )
     new, kept = completion_mask_from_generated(out, ids.shape[1], agent.eos_token_ids)
     return [tuple(r) for r in completion_lists(new, kept)]
 

@@ -62,15 +62,23 @@ def test_rounds_are_never_cut_at_eval_points_and_eval_runs_at_the_next_boundary(
 def _lora_trainer(tmp_path, base_folder, seed: int) -> MAGRPOTrainer:
     train, _ = tasks.length_ratio_splits()
     args = MAGRPOConfig(
-        num_agents=2, rollout_buffer_size=4, num_generations=2, max_new_tokens=4,
-        eval_interval=0, seed=seed, output_dir=str(tmp_path / f"lora-{seed}"),
+        num_agents=2,
+        rollout_buffer_size=4,
+        num_generations=2,
+        max_new_tokens=4,
+        eval_interval=0,
+        seed=seed,
+        output_dir=str(tmp_path / f"lora-{seed}"),
         overwrite_output_dir=True,
-    )  # fmt: skip
+    )
     return MAGRPOTrainer(
-        agent_model=str(base_folder), peft_config=LORA, reward_func=tasks.length_ratio_reward,
-        formatters=[tasks.brief_formatter, tasks.detailed_formatter], train_dataset=train,
+        agent_model=str(base_folder),
+        peft_config=LORA,
+        reward_func=tasks.length_ratio_reward,
+        formatters=[tasks.brief_formatter, tasks.detailed_formatter],
+        train_dataset=train,
         args=args,
-    )  # fmt: skip
+    )
 
 
 def test_a_seed_makes_lora_runs_bit_identical_from_their_first_weights(tmp_path, base_folder):
@@ -89,14 +97,19 @@ def test_a_seed_makes_value_heads_identical_and_none_leaves_them_random(tmp_path
     def heads(seed):
         train, _ = tasks.length_ratio_splits()
         args = IACConfig(
-            num_agents=2, use_separate_critic=False, eval_interval=0, seed=seed,
+            num_agents=2,
+            use_separate_critic=False,
+            eval_interval=0,
+            seed=seed,
             output_dir=str(tmp_path / f"iac-{seed}"),
-        )  # fmt: skip
+        )
         trainer = IACTrainer(
-            agents=[tiny_agent(seed=0), tiny_agent(seed=1)], reward_func=tasks.length_ratio_reward,
-            formatters=[tasks.brief_formatter, tasks.detailed_formatter], train_dataset=train,
+            agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
+            reward_func=tasks.length_ratio_reward,
+            formatters=[tasks.brief_formatter, tasks.detailed_formatter],
+            train_dataset=train,
             args=args,
-        )  # fmt: skip
+        )
         return [c.head.state_dict() for c in trainer.critics]
 
     one, two = heads(5), heads(5)
@@ -135,8 +148,7 @@ def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(tmp_p
     trainer.train()
     folder = tmp_path / "run" / "checkpoints" / "checkpoint-8"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["model-agent_0.safetensors", "model-agent_1.safetensors",
-                     "trainer_state.json"]  # fmt: skip
+    assert names == ["model-agent_0.safetensors", "model-agent_1.safetensors", "trainer_state.json"]
     again = make_trainer(tmp_path, eval_interval=0, save_steps=4, save_only_model=True)
     with pytest.raises(CheckpointError, match="save_only_model=True: it holds the weights alone"):
         again.train(resume_from_checkpoint="latest")
@@ -144,9 +156,13 @@ def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(tmp_p
 
 def test_the_best_model_is_kept_and_loaded_at_the_end(tmp_path) -> None:
     trainer = make_trainer(
-        tmp_path, eval_interval=2, num_train_epochs=2, seed=1,
-        save_best_by="eval/turn_1/reward_mean", load_best_model_at_end=True,
-    )  # fmt: skip
+        tmp_path,
+        eval_interval=2,
+        num_train_epochs=2,
+        seed=1,
+        save_best_by="eval/turn_1/reward_mean",
+        load_best_model_at_end=True,
+    )
     seen = []
     evaluate = trainer.evaluate_items
 
@@ -198,8 +214,10 @@ def test_a_round_logs_the_diagnostics(tmp_path) -> None:
 def test_adamw_weight_decay_is_the_configs(tmp_path) -> None:
     data = Dataset.from_dict({"prompt": ["a"]})
     trainer = MAGRPOTrainer(
-        agents=[tiny_agent()], reward_func=lambda c: [0.0] * len(c), train_dataset=data,
+        agents=[tiny_agent()],
+        reward_func=lambda c: [0.0] * len(c),
+        train_dataset=data,
         args=MAGRPOConfig(weight_decay=0.05, output_dir=str(tmp_path / "run"), eval_interval=0),
-    )  # fmt: skip
+    )
     assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.05
     assert MAGRPOConfig().weight_decay == 0.0

@@ -122,9 +122,13 @@ def test_view_advantages_are_the_ones_the_trainer_trains_on(joint_mode, mode, no
     )
     agents = [ScriptedPolicy(lambda p, g: "x" * (g + 1)), ScriptedPolicy(lambda p, g: "y" * g)]
     tree = collect_tree(
-        task, agents, [({"prompt": "p"}, 0)], num_generations=3, sampling=SAMPLING,
+        task,
+        agents,
+        [({"prompt": "p"}, 0)],
+        num_generations=3,
+        sampling=SAMPLING,
         joint_mode=joint_mode,
-    )  # fmt: skip
+    )
     view = rollout_tree_view(tree, advantage_mode=mode, advantage_normalization=normalize)
     returns = agent_returns(tree, joint_returns(tree, 1.0))
     # One item, one turn: the round's std is over this tree's returns.
@@ -257,9 +261,14 @@ def scripted_trainer(tmp_path, items: int, **config):
         for seed, s in enumerate((brief, detailed))
     ]
     args = MAGRPOConfig(
-        num_generations=2, rollout_buffer_size=1, eval_interval=0, logging_steps=1,
-        agent_learning_rate=1e-3, output_dir=str(tmp_path / "run"), **config,
-    )  # fmt: skip
+        num_generations=2,
+        rollout_buffer_size=1,
+        eval_interval=0,
+        logging_steps=1,
+        agent_learning_rate=1e-3,
+        output_dir=str(tmp_path / "run"),
+        **config,
+    )
     data = Dataset.from_dict({"prompt": [f"task {i}" for i in range(items)]})
     return MAGRPOTrainer(agents=agents, reward_func=ratio_reward, train_dataset=data, args=args)
 

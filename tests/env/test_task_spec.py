@@ -63,9 +63,12 @@ def test_check_task_takes_a_spec() -> None:
     s = spec(early_termination_threshold=None)
     by_spec = check_task(s, num_items=2)
     by_keywords = check_task(
-        s.dataset, FORMATTERS, tasks.length_ratio_reward, early_termination_threshold=None,
+        s.dataset,
+        FORMATTERS,
+        tasks.length_ratio_reward,
+        early_termination_threshold=None,
         num_items=2,
-    )  # fmt: skip
+    )
     assert by_spec == by_keywords
     assert by_spec.ok
 
