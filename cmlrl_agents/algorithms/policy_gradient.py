@@ -30,11 +30,10 @@ from cmlrl_agents.learning.batch import TrainBatch
 from cmlrl_agents.learning.credit import (
     advantage_scale,
     agent_returns,
-    batch_stds,
     group_rows,
     joint_returns,
-    return_moments,
     round_metrics,
+    round_stds,
 )
 from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
@@ -102,10 +101,8 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         joint = joint_returns(tree, args.discount)
         credit = agent_returns(tree, joint)
         scale = advantage_scale(args.advantage_normalization)
-        stds = None
-        if scale == "batch":  # the round's std: every rank's share of it, in one all-reduce
-            moments = return_moments(credit, len(self.agents), self.num_turns)
-            stds = batch_stds(self.parallel.sum_vector(moments), len(self.agents), self.num_turns)
+        # Under "batch" the round's std: every rank's share of it, in one all-reduce.
+        stds = round_stds(credit, scale, len(self.agents), self.num_turns, self.parallel.sum_vector)
         rows = group_rows(tree, credit, args.advantage_mode, scale, stds)
         if args.mask_truncated_completions:  # after the advantages: they count in the groups
             rows = [row for row in rows if row.finished]

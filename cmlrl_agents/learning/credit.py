@@ -10,6 +10,8 @@ GAE and the evaluation's ``expected_return`` all use it (``functional/returns.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -31,6 +33,7 @@ __all__ = [
     "joint_returns",
     "return_moments",
     "round_metrics",
+    "round_stds",
     "sibling_advantages",
     "turns_left",
 ]
@@ -126,6 +129,24 @@ def batch_stds(moments: list[float], num_agents: int, num_turns: int) -> list[li
             per_turn.append(pooled_std(count, total, total_sq) if count else 0.0)
         stds.append(per_turn)
     return stds
+
+
+def round_stds(
+    credit: list[Tensor],
+    scale: str,
+    num_agents: int,
+    num_turns: int,
+    sum_over_ranks: Callable[[list[float]], list[float]] | None = None,
+) -> list[list[float]] | None:
+    """Under ``scale="batch"`` the round's std per agent and turn (:func:`batch_stds` of
+    ``credit``'s :func:`return_moments`, summed by ``sum_over_ranks`` when the round is split
+    across ranks); None for the other scales, which need none."""
+    if scale != "batch":
+        return None
+    moments = return_moments(credit, num_agents, num_turns)
+    if sum_over_ranks is not None:
+        moments = sum_over_ranks(moments)
+    return batch_stds(moments, num_agents, num_turns)
 
 
 def sibling_advantages(

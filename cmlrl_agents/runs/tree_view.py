@@ -25,9 +25,8 @@ from cmlrl_agents.functional.advantages import BASELINES
 from cmlrl_agents.learning.credit import (
     advantage_scale,
     agent_returns,
-    batch_stds,
     joint_returns,
-    return_moments,
+    round_stds,
     sibling_advantages,
 )
 
@@ -207,10 +206,7 @@ def rollout_tree_view(
     nodes: list[TreeNode] = []
     ids: dict[int, int] = {}  # the previous level's flat joint-action index -> node id
     scale = advantage_scale(advantage_normalization)
-    stds = None
-    if scale == "batch":
-        moments = return_moments(credit, tree.num_agents, tree.num_turns)
-        stds = batch_stds(moments, tree.num_agents, tree.num_turns)
+    stds = round_stds(credit, scale, tree.num_agents, tree.num_turns)
     by_agent = [
         sibling_advantages(credit, a, advantage_mode, scale, None if stds is None else stds[a])
         for a in range(tree.num_agents)
