@@ -42,7 +42,8 @@ class ActorCriticConfig(SharedConfig):
     a float: PPO's clipped ratio against the rollout-time log-probs, needed when a round takes
     several steps (``ppo_epochs > 1`` or ``train_batch_size < rollout_buffer_size``)."""
     ppo_epochs: int = 1
-    """Passes over each round's samples; > 1 needs ``ppo_clip_range``."""
+    """Passes over each round's samples (TRL's ``num_iterations``); > 1 needs
+    ``ppo_clip_range``."""
     rollout_buffer_size: int = 8
     """Task items per round, as in the reference (whose buffer held 8 single-turn samples):
     advantages are normalised over a round, which needs more than one or two samples."""
@@ -84,13 +85,7 @@ class ActorCriticConfig(SharedConfig):
                 "multiplying them). Use num_generations=1 for multi-turn, or MAGRPOTrainer, "
                 "which trains on the tree."
             )
-        if self.ppo_epochs > 1 and self.ppo_clip_range is None:
-            raise ValueError(
-                f"ppo_epochs={self.ppo_epochs} needs ppo_clip_range (e.g. 0.2): after the first "
-                "pass the samples are off-policy, and only the clipped ratio corrects for that. "
-                "Set ppo_clip_range or use ppo_epochs=1."
-            )
-        self._check_stale_rounds(self.ppo_clip_range, "minibatch steps")
+        self._check_stale_rounds(self.ppo_clip_range, "minibatch steps", self.ppo_epochs)
         if self.advantage_normalization and self.rollout_buffer_size * self.num_generations < 2:
             raise ValueError(
                 f"advantage_normalization=True with rollout_buffer_size="

@@ -40,7 +40,7 @@ from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import make_adamw
 from cmlrl_agents.learning.policy_loss import OldScores, PolicyObjective
 from cmlrl_agents.learning.policy_metrics import policy_metrics
-from cmlrl_agents.learning.policy_step import PolicyStep
+from cmlrl_agents.learning.policy_step import PolicyStep, round_steps
 from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.value_head import ValueModel
@@ -227,17 +227,19 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         windows = self.parallel.windows(
             int(self.parallel.sum(batch.num_items)), args.items_per_step
         )
-        stale = len(windows) * args.ppo_epochs > 1
+        steps = round_steps(windows, args.ppo_epochs)
+        stale = len(steps) > 1
         old: dict[int, OldScores] = {}
         if stale:  # the config asks for ppo_clip_range then
             for group in self.actor_groups():
                 mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
-                old.update(step.old_logprobs(group, rows, mine, args.forward_batch_size))
+                size = args.forward_batch_size
+                old.update(step.old_logprobs(group, rows, mine, size, steps[0]))
         per_step: dict[str, list[float]] = defaultdict(list)
-        for _ in range(args.ppo_epochs):
-            for window in windows:
-                self._actor_steps(step, rows, set(window), old if stale else None, per_step)
-                self._critic_steps(batch, set(window), per_step)
+        for s, slots in enumerate(steps):
+            stale_old = old if stale else None
+            self._actor_steps(step, rows, slots, stale_old, s == 0 and stale, per_step)
+            self._critic_steps(batch, slots, per_step)
         metrics.update(mean_metrics(per_step))
         metrics.update(kl_turn_means(metrics, len(self.agents), self.num_turns))
         return metrics
@@ -248,6 +250,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         rows: tuple[PolicyRow, ...],
         chosen: set[int],
         old: dict[int, OldScores] | None,
+        record_old: bool,
         per_step: dict[str, list[float]],
     ) -> None:
         for group in self.actor_groups():
@@ -264,6 +267,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
                 optimizers,
                 chunk_size=self.args.forward_batch_size,
                 old=old,
+                record_old=record_old,
                 heads=heads if any(h is not None for h in heads) else None,
             )
             result = self.engine.step(

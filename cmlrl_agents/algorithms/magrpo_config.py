@@ -58,9 +58,14 @@ class MAGRPOConfig(SharedConfig):
     CPUs (benchmarks/vs_comlrl.py), for tasks with many items."""
     ppo_clip_range: float | None = 0.2
     """PPO's clip of the ratio to the policy that sampled, on rounds of several optimizer steps
-    (``train_batch_size < rollout_buffer_size``): the later steps train on samples of a policy
-    that has moved since. A round of one step is on-policy and needs none (None: refuse rounds
-    of several steps)."""
+    (``train_batch_size < rollout_buffer_size`` or ``ppo_epochs > 1``): the later steps train
+    on samples of a policy that has moved since. A round of one step is on-policy and needs
+    none (None: refuse rounds of several steps)."""
+    ppo_epochs: int = 1
+    """Passes over each round's rows (TRL's ``num_iterations``): every window of
+    ``train_batch_size`` items is stepped on this many times, the later steps with PPO's clipped
+    ratio (so > 1 needs ``ppo_clip_range``). The first step's pass gives the rows' old
+    log-probs, so a round of one window pays no scoring pass for them."""
     reference_kl_enabled: bool = False
     """Penalise divergence from the agents' initial weights (``reference_kl_coef`` times the k3
     KL estimate in the loss). Off by default, as in comlrl: on the seed's program it learned
@@ -107,7 +112,8 @@ class MAGRPOConfig(SharedConfig):
         self._int("tree_plot_interval", 0)
         self._bool("log_train_levels")
         self._real("ppo_clip_range", 0.0, low_open=True, optional=True)
-        self._check_stale_rounds(self.ppo_clip_range, "optimizer steps")
+        self._int("ppo_epochs", 1)
+        self._check_stale_rounds(self.ppo_clip_range, "optimizer steps", self.ppo_epochs)
         if self.advantage_mode == "raw" and self.advantage_normalization not in (False, "none"):
             raise ValueError(
                 f"advantage_mode='raw' with advantage_normalization="

@@ -4,12 +4,13 @@
 :class:`~cmlrl_agents.learning.batch.TrainBatch` (the tree's returns and each agent's
 sibling-group advantages: pure functions in :mod:`cmlrl_agents.learning.credit`);
 ``update(batch)`` gives each agent one optimizer step per ``items_per_step`` items of the round
-through the one engine (:mod:`cmlrl_agents.learning.engine`), the loss of
-:mod:`cmlrl_agents.learning.policy_step`. It holds the agents' optimizers and frozen reference
-models; the trainer (:mod:`cmlrl_agents.algorithms.magrpo`) is only the loop around it.
+through the one engine (:mod:`cmlrl_agents.learning.engine`), ``ppo_epochs`` times over, the
+loss of :mod:`cmlrl_agents.learning.policy_step`. It holds the agents' optimizers and frozen
+reference models; the trainer (:mod:`cmlrl_agents.algorithms.magrpo`) is only the loop around it.
 
 When a round takes several steps, its later steps train on samples of a policy that has since
-moved: every row then keeps its log-probs from before the round's first step, and its loss is
+moved: every row then keeps its log-probs from before the round's first step (the first step's
+own rows from its pass, the others from a pass without gradient before it), and its loss is
 PPO's clipped ratio to them (``ppo_clip_range``). A round of one step is on-policy: the plain
 policy gradient, whose gradient the clipped form has at ratio 1 anyway.
 """
@@ -40,7 +41,7 @@ from cmlrl_agents.learning.learner import OptimizedLearner
 from cmlrl_agents.learning.optim import agent_optimizers
 from cmlrl_agents.learning.policy_loss import PolicyObjective
 from cmlrl_agents.learning.policy_metrics import policy_metrics
-from cmlrl_agents.learning.policy_step import PolicyStep
+from cmlrl_agents.learning.policy_step import PolicyStep, round_steps
 from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
@@ -78,7 +79,7 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         return {f"agent_{i}": opt for i, opt in enumerate(self.optimizers)}
 
     def steps_per_round(self, items: int) -> int:
-        return math.ceil(items / self.args.items_per_step)
+        return self.args.ppo_epochs * math.ceil(items / self.args.items_per_step)
 
     def objective(self) -> PolicyObjective:
         """The loss settings of the current config."""
@@ -124,18 +125,27 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         objective = self.objective()
         step = PolicyStep(self.agents, self.reference_models, objective, self.num_turns)
         round_items = int(self.parallel.sum(batch.num_items))
-        windows = self.parallel.windows(round_items, args.items_per_step)
-        stale = len(windows) > 1
+        steps = round_steps(
+            self.parallel.windows(round_items, args.items_per_step), args.ppo_epochs
+        )
+        stale = len(steps) > 1
         per_step: dict[str, list[float]] = defaultdict(list)
         for group in step_groups(self.agents):
             mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
             size = args.forward_batch_size
-            old = step.old_logprobs(group, rows, mine, size) if stale else None
+            old = step.old_logprobs(group, rows, mine, size, steps[0]) if stale else None
             optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
-            for window in windows:
-                slots = set(window)
+            for s, slots in enumerate(steps):
                 indices = [[i for i in idx if rows[i].item_slot in slots] for idx in mine]
-                plan = step.plan(group, rows, indices, optimizers, chunk_size=size, old=old)
+                plan = step.plan(
+                    group,
+                    rows,
+                    indices,
+                    optimizers,
+                    chunk_size=size,
+                    old=old,
+                    record_old=stale and s == 0,
+                )
                 result = self.engine.step(
                     plan, max_grad_norm=args.max_grad_norm, schedulers=self.schedulers
                 )

@@ -216,9 +216,16 @@ class SharedConfig(ValidatedConfig):
                 "runs/<algorithm>-<time>."
             )
 
-    def _check_stale_rounds(self, clip_range: float | None, steps: str) -> None:
-        """A round of several optimizer steps trains its later steps on samples of a policy
-        that has moved since: the importance ratio needs ``ppo_clip_range``."""
+    def _check_stale_rounds(self, clip_range: float | None, steps: str, epochs: int) -> None:
+        """A round of several optimizer steps (``epochs`` passes, or several windows) trains its
+        later steps on samples of a policy that has moved since: the importance ratio needs
+        ``ppo_clip_range``."""
+        if clip_range is None and epochs > 1:
+            raise ValueError(
+                f"ppo_epochs={epochs} needs ppo_clip_range (e.g. 0.2): after the first "
+                "pass the samples are off-policy, and only the clipped ratio corrects for that. "
+                "Set ppo_clip_range or use ppo_epochs=1."
+            )
         if clip_range is None and self.items_per_step < self.rollout_buffer_size:
             raise ValueError(
                 f"train_batch_size={self.train_batch_size} < rollout_buffer_size="

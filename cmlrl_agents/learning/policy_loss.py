@@ -19,7 +19,7 @@ during the same forward; :func:`head_loss` is its value loss. Planning and scori
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,14 @@ from cmlrl_agents.functional.losses import (
 from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.policies.adapters import JointPass
 
-__all__ = ["AgentRows", "OldScores", "PolicyObjective", "agent_loss", "head_loss"]
+__all__ = [
+    "AgentRows",
+    "OldScores",
+    "PolicyObjective",
+    "agent_loss",
+    "head_loss",
+    "record_old_scores",
+]
 
 
 @dataclass(frozen=True)
@@ -127,15 +134,22 @@ def agent_loss(
     a: int,
     ctx: AgentRows,
     totals: Mapping[str, float],
-    old: Mapping[int, OldScores] | None,
+    old: MutableMapping[int, OldScores] | None,
     sums: dict[str, Tensor],
     maxima: dict[str, Tensor],
+    *,
+    record_old: bool = False,
 ) -> Tensor:
     """Agent ``a``'s policy loss on its rows of a scored chunk (``ctx``), aggregated over the
-    step's ``totals``; its statistics go into ``sums`` and ``maxima`` under the step's keys."""
+    step's ``totals``; its statistics go into ``sums`` and ``maxima`` under the step's keys.
+
+    ``record_old``: the chunk was scored on the weights that sampled (the round's first step),
+    so its log-probs become the rows' ``old`` ones, with no pass of their own."""
     obj = objective
     lp, mask = ctx.logprobs, ctx.mask
     device = lp.device
+    if old is not None and record_old:
+        record_old_scores(old, ctx)
     adv = torch.tensor([r.advantage for r in ctx.picked], device=device, dtype=lp.dtype)
     old_lp = None if old is None else _placed([old[i].logprobs for i in ctx.indices], mask)
     weights = None
@@ -211,6 +225,19 @@ def head_loss(
     loss = loss * (len(picked) / totals[f"agent_{a}/samples"])
     sums[f"agent_{a}/value_loss"] = loss.detach()
     return obj.value_loss_coef * loss
+
+
+def record_old_scores(old: MutableMapping[int, OldScores], ctx: AgentRows) -> None:
+    """Put each of ``ctx``'s rows' current log-probs (detached) into ``old``."""
+    truncated = ctx.truncated_logprobs
+    for b, i in enumerate(ctx.indices):
+        if i in old:
+            raise ValueError(f"row {i} already has old log-probs; a round records them once")
+        m = ctx.mask[b]
+        old[i] = OldScores(
+            logprobs=ctx.logprobs[b][m].detach(),
+            truncated_logprobs=None if truncated is None else truncated[b][m].detach(),
+        )
 
 
 def _placed(values: Sequence[Tensor], mask: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ step; what each agent's scored rows cost is :mod:`cmlrl_agents.learning.policy_l
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 
 import torch
 from torch import Tensor
@@ -31,10 +31,16 @@ from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import Truncation
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 
-__all__ = ["PolicyStep"]
+__all__ = ["PolicyStep", "round_steps"]
 
 Entry = tuple[int, int]
 """``(k, i)``: row ``i`` of the batch, of the group's ``k``-th agent."""
+
+
+def round_steps(windows: Sequence[Sequence[int]], epochs: int) -> list[set[int]]:
+    """A round's optimizer steps in order, each as the item slots it trains on: every window
+    of the round, ``epochs`` times over."""
+    return [set(window) for _ in range(epochs) for window in windows]
 
 
 class PolicyStep:
@@ -94,12 +100,14 @@ class PolicyStep:
         optimizers: Mapping[str, torch.optim.Optimizer],
         *,
         chunk_size: int | None,
-        old: Mapping[int, OldScores] | None = None,
+        old: MutableMapping[int, OldScores] | None = None,
+        record_old: bool = False,
         heads: Sequence[ValueModel | None] | None = None,
     ) -> StepPlan[list[Entry]]:
         """One step of ``group`` over the rows ``window[k]`` (indices into ``rows``) of its
-        ``k``-th agent; ``old`` holds the rows' log-probs before the round when they are stale;
-        ``heads`` a value head per agent of the group (None: no head)."""
+        ``k``-th agent; ``old`` holds the rows' log-probs before the round when they are stale
+        (``record_old``: this is the round's first step, whose own pass gives its rows' old
+        log-probs); ``heads`` a value head per agent of the group (None: no head)."""
         flat = [(k, i) for k, indices in enumerate(window) for i in indices]
         size = chunk_size or max(len(flat), 1)
         chunks = [flat[s : s + size] for s in range(0, len(flat), size)]
@@ -109,7 +117,9 @@ class PolicyStep:
             optimizers=optimizers,
             chunks=chunks,
             count=lambda chunk: self._count(group, rows, chunk),
-            loss=lambda chunk, totals: self._loss(group, rows, chunk, totals, old, heads),
+            loss=lambda chunk, totals: self._loss(
+                group, rows, chunk, totals, old, record_old, heads
+            ),
             count_keys=self.count_keys(group),
             sum_keys=self.sum_keys(group, stale, has_heads),
             max_keys=self.max_keys(group, stale),
@@ -165,11 +175,21 @@ class PolicyStep:
         rows: Sequence[PolicyRow],
         indices: Sequence[Sequence[int]],
         chunk_size: int | None,
+        first_step: Collection[int] = (),
     ) -> dict[int, OldScores]:
         """Each row's completion log-probs under the current policy, without gradient: taken
         before a round's first step, they are the rows' "old" policy for the later steps (and,
-        with a separate sampler, the truncated distribution its weights compare with)."""
-        flat = [(k, i) for k, rows_k in enumerate(indices) for i in rows_k]
+        with a separate sampler, the truncated distribution its weights compare with).
+
+        Rows of the item slots ``first_step`` are left out: the first step scores them on the
+        same weights and records theirs (``plan(record_old=True)``), so a round of one window
+        and several epochs needs no pass of its own."""
+        flat = [
+            (k, i)
+            for k, rows_k in enumerate(indices)
+            for i in rows_k
+            if rows[i].item_slot not in first_step
+        ]
         size = chunk_size or max(len(flat), 1)
         out: dict[int, OldScores] = {}
         for a in group:
@@ -193,7 +213,8 @@ class PolicyStep:
         rows: Sequence[PolicyRow],
         chunk: list[Entry],
         totals: Mapping[str, float],
-        old: Mapping[int, OldScores] | None,
+        old: MutableMapping[int, OldScores] | None,
+        record_old: bool,
         heads: Sequence[ValueModel | None] | None,
     ) -> ChunkLoss:
         for a in group:
@@ -208,7 +229,9 @@ class PolicyStep:
             if not mine:
                 continue
             ctx = AgentRows(scored, mine, [chunk[r][1] for r in mine], rows)
-            loss = agent_loss(self.objective, a, ctx, totals, old, sums, maxima)
+            loss = agent_loss(
+                self.objective, a, ctx, totals, old, sums, maxima, record_old=record_old
+            )
             head = None if captures is None else captures.captured[k]
             if head is not None:
                 # The head reads every row of the pass at its state (the prompt's last token).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from test_actor_critic import chain_tree
 from test_magrpo_trainer import make_trainer, record_step_gradients
 from torch import nn
 
+from cmlrl_agents import MAGRPOConfig
 from cmlrl_agents.foundation.distributed import DataParallel
 from cmlrl_agents.functional.losses import (
     aggregate,
@@ -24,6 +26,7 @@ from cmlrl_agents.functional.losses import (
 from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.learning.credit import chain_credit, joint_returns
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
+from cmlrl_agents.learning.policy_loss import OldScores, record_old_scores
 from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.sampling import candidates
 from cmlrl_agents.policies.tokens import build_batch
@@ -242,6 +245,87 @@ def test_later_steps_of_a_round_use_the_clipped_ratio_to_the_rows_before_the_rou
     for got, p in zip(second, after_first.parameters(), strict=True):
         torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-4)
     assert metrics["agent_0/ratio_mean"] != 1.0 and "agent_0/clipfrac" in metrics
+
+
+def test_ppo_epochs_steps_the_round_again_against_the_log_probs_its_first_step_scored(
+    tmp_path, monkeypatch
+):
+    trainer = make_trainer(
+        tmp_path,
+        num_agents=1,
+        rollout_buffer_size=2,
+        ppo_epochs=2,
+        agent_learning_rate=0.05,
+        max_grad_norm=None,
+        ppo_clip_range=0.1,
+        forward_batch_size=None,
+        reference_kl_enabled=False,
+    )
+    model = trainer.agents[0].model
+    before = copy.deepcopy(model)
+    rows = (
+        PolicyRow(
+            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
+        ),
+        PolicyRow(
+            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
+        ),
+    )
+    import cmlrl_agents.learning.policy_step as policy_step
+
+    passes = []
+    scoring = policy_step.joint_pass
+    monkeypatch.setattr(
+        policy_step, "joint_pass", lambda *a, **k: passes.append(1) or scoring(*a, **k)
+    )
+    grads = record_step_gradients(trainer.learner.optimizers[0])
+    metrics = trainer.learner.update(TrainBatch(rows, num_items=2))
+    # One pass per step: the first step's pass gives the rows' old log-probs, no pass of its own.
+    assert len(passes) == 2
+    n = len(list(model.parameters()))
+    assert len(grads) == 2 * n and trainer.learner.steps_per_round(2) == 2
+    batch = build_batch([r.prompt_ids for r in rows], [r.completion_ids for r in rows], 0)
+    adv = torch.tensor([[1.0], [-1.0]])
+    mask = batch.completion_mask.bool()
+    # The first step: the plain policy gradient (ratio 1), a mean over the 2 completions.
+    first = copy.deepcopy(before)
+    lp = sequence_logprobs(first, batch, temperature=0.6)
+    (-(adv * torch.where(mask, lp, 0.0)).sum() / 2).backward()
+    for got, p in zip(grads[:n], first.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-4)
+    # The second: PPO's clipped surrogate against the log-probs before the round.
+    opt = torch.optim.AdamW(first.parameters(), lr=0.05, weight_decay=0.0)
+    opt.step()
+    with torch.no_grad():
+        old = sequence_logprobs(before, batch, temperature=0.6)
+    lp = sequence_logprobs(first, batch, temperature=0.6)
+    ratio = torch.where(mask, torch.exp(lp - old), 1.0)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(0.9, 1.1) * adv)
+    first.zero_grad()
+    (-torch.where(mask, surrogate, 0.0).sum() / 2).backward()
+    for got, p in zip(grads[n:], first.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-4)
+    assert metrics["agent_0/ratio_max"] > 1.0 and "agent_0/clipfrac" in metrics
+
+
+def test_ppo_epochs_above_one_need_the_clipped_ratio() -> None:
+    with pytest.raises(ValueError, match=r"ppo_epochs=2 needs ppo_clip_range \(e.g. 0.2\)"):
+        MAGRPOConfig(ppo_epochs=2, ppo_clip_range=None)
+    with pytest.raises(ValueError, match="ppo_epochs must be"):
+        MAGRPOConfig(ppo_epochs=0)
+    assert MAGRPOConfig().ppo_epochs == 1
+
+
+def test_old_log_probs_are_recorded_once_per_round() -> None:
+    scored = torch.tensor([[-1.0, -2.0]])
+    ctx = SimpleNamespace(
+        indices=[3], logprobs=scored, mask=torch.tensor([[True, False]]), truncated_logprobs=None
+    )
+    old: dict[int, OldScores] = {}
+    record_old_scores(old, ctx)  # type: ignore[arg-type]
+    torch.testing.assert_close(old[3].logprobs, torch.tensor([-1.0]))
+    with pytest.raises(ValueError, match="row 3 already has old log-probs"):
+        record_old_scores(old, ctx)  # type: ignore[arg-type]
 
 
 def test_an_early_ended_chain_keeps_its_reward_for_its_unplayed_turns_in_gae() -> None:
