@@ -147,25 +147,11 @@ def agent_loss(
     so its log-probs become the rows' ``old`` ones, with no pass of their own."""
     obj = objective
     lp, mask = ctx.logprobs, ctx.mask
-    device = lp.device
     if old is not None and record_old:
         record_old_scores(old, ctx)
-    adv = torch.tensor([r.advantage for r in ctx.picked], device=device, dtype=lp.dtype)
+    adv = torch.tensor([r.advantage for r in ctx.picked], device=lp.device, dtype=lp.dtype)
     old_lp = None if old is None else _placed([old[i].logprobs for i in ctx.indices], mask)
-    weights = None
-    if obj.tis_cap is not None:
-        sampler = [torch.tensor(r.sampler_logprobs or (), device=device) for r in ctx.picked]
-        # The trainer's probability of each token under the sampler's own truncated
-        # distribution, at the weights that sampled (before the round when it is stale).
-        if old is None:
-            assert ctx.truncated_logprobs is not None, "score() passes the truncation"
-            base = ctx.truncated_logprobs
-        else:
-            base = _placed([old[i].truncated() for i in ctx.indices], mask)
-        weights = truncated_is_weights(base, _placed(sampler, mask), mask, obj.tis_cap)
-        sums[f"agent_{a}/is_weight_sum"] = torch.where(mask, weights, 0.0).sum()
-        maxima[f"agent_{a}/is_weight_max"] = torch.where(mask, weights, 0.0).max()
-    ref = ctx.reference
+    weights = None if obj.tis_cap is None else _sampler_weights(obj, a, ctx, old, sums, maxima)
     per_token = policy_token_losses(
         lp,
         mask,
@@ -173,7 +159,7 @@ def agent_loss(
         old_logprobs=old_lp,
         clip_range=obj.clip_range if old_lp is not None else None,
         is_weights=weights,
-        ref_logprobs=ref,
+        ref_logprobs=ctx.reference,
         kl_coef=obj.kl_coef,
         check=False,
     )
@@ -185,11 +171,51 @@ def agent_loss(
         num_tokens=max(totals[f"agent_{a}/tokens"], 1.0),
     )
     sums[f"agent_{a}/loss"] = loss.detach()
+    _diagnostics(obj, a, ctx, old_lp, sums, maxima)
+    return loss
+
+
+def _sampler_weights(
+    obj: PolicyObjective,
+    a: int,
+    ctx: AgentRows,
+    old: Mapping[int, OldScores] | None,
+    sums: dict[str, Tensor],
+    maxima: dict[str, Tensor],
+) -> Tensor:
+    """The truncated importance weights of rows a separate sampler drew (``tis_cap``)."""
+    assert obj.tis_cap is not None
+    mask = ctx.mask
+    sampler = [torch.tensor(r.sampler_logprobs or (), device=mask.device) for r in ctx.picked]
+    # The trainer's probability of each token under the sampler's own truncated
+    # distribution, at the weights that sampled (before the round when it is stale).
+    if old is None:
+        assert ctx.truncated_logprobs is not None, "score() passes the truncation"
+        base = ctx.truncated_logprobs
+    else:
+        base = _placed([old[i].truncated() for i in ctx.indices], mask)
+    weights = truncated_is_weights(base, _placed(sampler, mask), mask, obj.tis_cap)
+    sums[f"agent_{a}/is_weight_sum"] = torch.where(mask, weights, 0.0).sum()
+    maxima[f"agent_{a}/is_weight_max"] = torch.where(mask, weights, 0.0).max()
+    return weights
+
+
+def _diagnostics(
+    obj: PolicyObjective,
+    a: int,
+    ctx: AgentRows,
+    old_lp: Tensor | None,
+    sums: dict[str, Tensor],
+    maxima: dict[str, Tensor],
+) -> None:
+    """The step's KL per turn, entropy and ratio statistics of the agent's rows (no gradient
+    flows through any of them)."""
+    lp, mask, ref = ctx.logprobs, ctx.mask, ctx.reference
     if ref is not None:
         kl = kl_k3_tokens(lp.detach(), ref, mask, check=False).sum(dim=1)
         for turn in {r.turn for r in ctx.picked}:
             idx = [j for j, r in enumerate(ctx.picked) if r.turn == turn]
-            sums[f"agent_{a}/turn_{turn}/kl_sum"] = kl[torch.tensor(idx, device=device)].sum()
+            sums[f"agent_{a}/turn_{turn}/kl_sum"] = kl[torch.tensor(idx, device=lp.device)].sum()
     if ctx.entropy is not None:
         sums[f"agent_{a}/entropy_sum"] = torch.where(mask, ctx.entropy, 0.0).sum()
     if old_lp is not None and obj.clip_range is not None:
@@ -197,7 +223,6 @@ def agent_loss(
         for key in ("ratio_sum", "clipped", "approx_kl_sum"):
             sums[f"agent_{a}/{key}"] = stats[key]
         maxima[f"agent_{a}/ratio_max"] = stats["ratio_max"]
-    return loss
 
 
 def head_loss(
