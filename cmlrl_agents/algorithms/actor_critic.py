@@ -29,7 +29,12 @@ import torch
 
 from cmlrl_agents._checks import finite_metrics
 from cmlrl_agents.algorithms.actor_critic_checks import check_critic_args, critic_names
-from cmlrl_agents.algorithms.actor_critic_config import ActorCriticConfig, IACConfig, MAACConfig
+from cmlrl_agents.algorithms.actor_critic_config import (
+    ActorCriticConfig,
+    IACConfig,
+    MAACConfig,
+    check_chain_turns,
+)
 from cmlrl_agents.algorithms.actor_critic_learner import ActorCriticLearner
 from cmlrl_agents.algorithms.actor_critic_rollouts import RolloutSample
 from cmlrl_agents.foundation.distributed import aggregate_metrics
@@ -72,6 +77,8 @@ class _ActorCriticTrainer(RoundTrainer[ActorCriticConfig, ActorCriticLearner]):
         check_team_keywords(team, type(self).__name__)
         env = team.get("env")
         spec = team.get("task") if env is None else env.spec
+        if spec is not None:  # the task owns its turns
+            check_chain_turns(spec.num_turns, args.num_generations)
         size = team_size(
             args, team.get("num_agents"), team.get("agents"), team.get("formatters"), spec
         )

@@ -12,7 +12,20 @@ from dataclasses import dataclass
 
 from cmlrl_agents.foundation.config import SharedConfig
 
-__all__ = ["ActorCriticConfig", "IACConfig", "MAACConfig"]
+__all__ = ["ActorCriticConfig", "IACConfig", "MAACConfig", "check_chain_turns"]
+
+
+def check_chain_turns(num_turns: int, num_generations: int) -> None:
+    """Actor-critic rounds are chains: several samples per turn only in one-turn tasks."""
+    if num_turns > 1 and num_generations > 1:
+        raise ValueError(
+            f"num_generations={num_generations} with num_turns={num_turns}: "
+            "actor-critic training follows one chain of turns per task item, and with "
+            "several samples per turn a turn-1 sample would head a tree of chains (each turn "
+            "multiplying them). Use num_generations=1 for multi-turn, or MAGRPOTrainer, "
+            "which trains on the tree."
+        )
+
 
 CRITIC_TYPES = ("v",)
 
@@ -77,14 +90,8 @@ class ActorCriticConfig(SharedConfig):
         self._check_combinations()
 
     def _check_combinations(self) -> None:
-        if self.num_turns > 1 and self.num_generations > 1:
-            raise ValueError(
-                f"num_generations={self.num_generations} with num_turns={self.num_turns}: "
-                "actor-critic training follows one chain of turns per task item, and with "
-                "several samples per turn a turn-1 sample would head a tree of chains (each turn "
-                "multiplying them). Use num_generations=1 for multi-turn, or MAGRPOTrainer, "
-                "which trains on the tree."
-            )
+        if self.num_turns is not None:  # else the trainer checks the task's turns
+            check_chain_turns(self.num_turns, self.num_generations)
         self._check_stale_rounds(self.ppo_clip_range, "minibatch steps", self.ppo_epochs)
         if self.advantage_normalization and self.rollout_buffer_size * self.num_generations < 2:
             raise ValueError(

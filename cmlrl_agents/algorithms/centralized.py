@@ -145,10 +145,10 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
         super().validate()
         self._int("num_roles", 1, optional=True)
         self._real("parse_failure_reward")
-        if self.num_turns != 1:
+        if self.num_turns not in (None, 1):
             raise ValueError(
                 f"CentralizedMAGRPOConfig.num_turns={self.num_turns}: the centralized baseline "
-                "plays one turn; set num_turns=1."
+                "plays one turn; set num_turns=1 or None."
             )
         if self.num_agents not in (None, 1):
             raise ValueError(
@@ -186,6 +186,11 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         check_team_keywords(team, type(self).__name__, refused=("num_agents", "env"))
         rest: dict[str, Any] = dict(team)  # the team's keywords, with the task's made joint
         task: TaskSpec | None = rest.pop("task", None)
+        if task is not None and task.num_turns != 1:
+            raise ValueError(
+                f"task has num_turns={task.num_turns}: the centralized baseline plays one turn; "
+                "give it a one-turn task."
+            )
         given = tuple(rest.pop(k, None) for k in TASK_PIECES)
         formatters, reward_func = _team_pieces(task, args, given)
         counted = len(formatters) if isinstance(formatters, (list, tuple)) else None

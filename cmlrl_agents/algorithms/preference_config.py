@@ -74,10 +74,10 @@ class PreferenceConfig(SharedConfig):
         super().validate()
         self._int("num_iterations", 1)
         self._int("replay_iterations", 0)
-        if self.num_turns != 1:
+        if self.num_turns not in (None, 1):
             raise ValueError(
                 f"num_turns={self.num_turns}: the preference trainers compare single-turn joint "
-                "responses; use num_turns=1 (multi-turn tasks: MAGRPOConfig, IACConfig)."
+                "responses; use num_turns=1 or None (multi-turn tasks: MAGRPOConfig, IACConfig)."
             )
         self._int("preference_num_candidates", 2)
         self._int("preference_pairs_per_sample", 1, optional=True)
@@ -183,10 +183,10 @@ class MARLHFConfig(PreferenceConfig):
                     f"its RL phase share one setting, this config's; set {name} on "
                     f"{type(self).__name__} and leave rl_args.{name} at its default."
                 )
-        if rl.num_turns != 1:
+        if rl.num_turns not in (None, 1):
             raise ValueError(
                 f"rl_args.num_turns={rl.num_turns}: the reward model scores single-turn joint "
-                "responses; use num_turns=1."
+                "responses; use num_turns=1 or None."
             )
         if self.num_iterations > 1 and rl.lr_scheduler_type != "constant":
             raise ValueError(

@@ -83,6 +83,12 @@ def preference_team(
     check_team_keywords(team, trainer, refused=("external_transition",))
     env, reward_func = team.get("env"), team.get("reward_func")
     spec = team.get("task") if env is None else env.spec
+    if spec is not None and spec.num_turns != 1:
+        raise ValueError(
+            f"{'env' if env is not None else 'task'} has num_turns={spec.num_turns}: {trainer} "
+            "compares single-turn joint responses; give it a one-turn task (multi-turn tasks: "
+            "MAGRPOTrainer, IACTrainer)."
+        )
     task_reward = reward_func if spec is None else spec.reward_func
     check_sources(task_reward, preference_func, comparator, pairs_file, team.get("eval_dataset"))
     dataset = team.get("train_dataset") if spec is None else spec.dataset

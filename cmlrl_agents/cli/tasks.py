@@ -98,8 +98,7 @@ class TaskSection:
         return {
             **self.spec_keywords,
             "num_agents": num_agents or config.num_agents or self.num_agents,
-            "num_turns": config.num_turns,
-            "early_termination_threshold": config.early_termination_threshold,
+            **config.task_settings(),
         }
 
     def spec(self, config: Any, *, num_agents: int | None = None) -> TaskSpec:
@@ -305,7 +304,7 @@ def check_task_section(task: TaskSection, config: Any) -> tuple[str, bool]:
         lines.append(str(exc.report))
         failed.append(f"check_task found {len(exc.report.problems)} problem(s)")
     # Later turns go unchecked when the threshold ends every random episode after turn 1.
-    if config.num_turns > 1:
+    if keywords["num_turns"] > 1:
         keywords["early_termination_threshold"] = None
     env_fn = functools.partial(CoMLRLEnv, **keywords, **options)
     try:

@@ -16,7 +16,7 @@ from cmlrl_env.core import DEFAULT_EARLY_TERMINATION_THRESHOLD
 if TYPE_CHECKING:
     from cmlrl_agents.policies.agent import SamplingConfig
 
-__all__ = ["ValidatedConfig", "SharedConfig"]
+__all__ = ["FROM_TASK", "SharedConfig", "ValidatedConfig"]
 
 LR_SCHEDULER_TYPES = ("constant", "linear", "cosine")
 """The learning-rate shapes after warmup (``transformers.get_scheduler``'s, see schedules.py)."""
@@ -25,6 +25,10 @@ SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "to
 """The generation settings ``agent_sampling`` may set per agent."""
 
 GENERATION_BACKENDS = ("hf", "vllm")
+
+FROM_TASK = "task"
+"""``early_termination_threshold``'s default: the task's own threshold (``env=``/``task=`` own
+it), else the env's default for a task the trainer builds."""
 
 MAX_SEED = 2**32 - 1
 """numpy's ``np.random.seed`` accepts 0 .. 2**32 - 1."""
@@ -36,8 +40,11 @@ class SharedConfig(ValidatedConfig):
 
     num_agents: int | None = None
     """Team size; None takes it from the trainer (``num_agents=``, ``agents=`` or formatters)."""
-    num_turns: int = 1
-    """Turns per episode; >1 needs ``external_transition``."""
+    num_turns: int | None = None
+    """Turns per episode. The task owns them: None takes those of ``env=``/``task=``, or 1 for
+    a task the trainer builds from ``formatters``/``reward_func``; a number builds a multi-turn
+    task that way (comlrl's form; >1 needs ``external_transition``) and, beside ``env=`` or
+    ``task=``, must equal the task's."""
     num_train_epochs: int = 1
     """Passes over the training task items (>= 1; to only evaluate, call ``evaluate()``)."""
     agent_learning_rate: float = 5e-6
@@ -64,8 +71,10 @@ class SharedConfig(ValidatedConfig):
     the adapters of LoRA agents per request and reloads them after each update)."""
     discount: float = 1.0
     """Weight of later turns in a turn's return."""
-    early_termination_threshold: float | None = DEFAULT_EARLY_TERMINATION_THRESHOLD
-    """A branch ends after a turn whose reward exceeds this (None: always play every turn)."""
+    early_termination_threshold: float | str | None = FROM_TASK
+    """A branch ends after a turn whose reward exceeds this (None: always play every turn).
+    "task" (the default): the threshold of ``env=``/``task=``, or the env's default (-0.2) for
+    a task the trainer builds; a number given beside ``env=``/``task=`` must equal the task's."""
     eval_interval: int = 16
     """Evaluate before item 0 of each epoch and then every ``eval_interval`` training task items;
     0: manual evaluation only."""
@@ -152,7 +161,7 @@ class SharedConfig(ValidatedConfig):
 
     def validate(self) -> None:
         self._int("num_agents", 1, optional=True)
-        self._int("num_turns", 1)
+        self._int("num_turns", 1, optional=True)
         self._int("num_train_epochs", 1)
         self._real("agent_learning_rate", 0.0, low_open=True)
         self._choice("lr_scheduler_type", LR_SCHEDULER_TYPES)
@@ -164,7 +173,14 @@ class SharedConfig(ValidatedConfig):
         self._int("min_new_tokens", 0)
         self._check_generation()
         self._real("discount", 0.0, 1.0)
-        self._real("early_termination_threshold", optional=True)
+        threshold = self.early_termination_threshold
+        if isinstance(threshold, str) and threshold != FROM_TASK:
+            raise TypeError(
+                f"early_termination_threshold must be a number, None (play every turn) or "
+                f"{FROM_TASK!r} (the task's), got {threshold!r}."
+            )
+        if threshold != FROM_TASK:
+            self._real("early_termination_threshold", optional=True)
         self._int("eval_interval", 0)
         self._int("eval_num_samples", 1)
         self._int("eval_batch_size", 1)
@@ -295,6 +311,17 @@ class SharedConfig(ValidatedConfig):
             return SamplingConfig(**fields_)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"agent_sampling[{agent}]={overrides!r}: {exc}") from None
+
+    def task_settings(self) -> dict[str, Any]:
+        """``num_turns`` and ``early_termination_threshold`` of a task built from this config's
+        fields, the task's defaults where they are unset (1 turn, the env's threshold)."""
+        threshold = self.early_termination_threshold
+        return {
+            "num_turns": 1 if self.num_turns is None else self.num_turns,
+            "early_termination_threshold": (
+                DEFAULT_EARLY_TERMINATION_THRESHOLD if threshold == FROM_TASK else threshold
+            ),
+        }
 
     @property
     def items_per_step(self) -> int:

@@ -213,7 +213,9 @@ class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
     @property
     def num_turns(self) -> int:
         """The task's turns (the config's when the trainer has no task)."""
-        return self.args.num_turns if self.spec is None else self.spec.num_turns
+        if self.spec is None:
+            return int(self.args.task_settings()["num_turns"])
+        return self.spec.num_turns
 
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cmlrl_agents.foundation.config import SharedConfig
+from cmlrl_agents.foundation.config import FROM_TASK, SharedConfig
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_env import TaskSpec
 
@@ -23,7 +23,7 @@ def check_given_task(
     spec: TaskSpec, args: SharedConfig, given: tuple[Any, ...], label: str
 ) -> None:
     """A ready ``env=`` or ``task=`` (``label``) is the whole task: refuse task pieces passed
-    beside it, and settings that disagree with the config."""
+    beside it, and turns or a threshold that the config sets otherwise."""
     if any(g is not None for g in given):
         raise ValueError(
             f"{label}= already holds the dataset, formatters, reward_func, "
@@ -36,11 +36,13 @@ def check_given_task(
             "in dataset order (SPEC §2); build it with item_order='dataset' and "
             "shuffle the dataset itself (train_dataset.shuffle(seed=42)) for another order."
         )
-    for name in ("num_turns", "early_termination_threshold"):
-        if getattr(spec, name) != getattr(args, name):
+    unset = {"num_turns": None, "early_termination_threshold": FROM_TASK}
+    for name, default in unset.items():
+        mine, theirs = getattr(args, name), getattr(spec, name)
+        if mine != default and mine != theirs:
             raise ValueError(
-                f"{label} has {name}={getattr(spec, name)!r} but args.{name}="
-                f"{getattr(args, name)!r}; make them equal."
+                f"{label} has {name}={theirs!r} but args.{name}={mine!r}; the task owns it: "
+                f"leave args.{name} unset ({default!r}) or make them equal."
             )
 
 

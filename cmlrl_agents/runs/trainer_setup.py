@@ -39,8 +39,9 @@ def task_spec(
 ) -> TaskSpec | None:
     """The one ``TaskSpec`` of the run: ``env.spec``, ``task=``, or built from the seed's
     keyword arguments (``given``: dataset, formatters, reward, processor, transition) and the
-    config's turns and threshold; without a reward, None (a trainer that only saves). From
-    here on the spec alone owns ``num_turns`` and the termination threshold."""
+    config's turns and threshold (``task_settings``); without a reward, None (a trainer that
+    only saves). From here on the spec alone owns ``num_turns`` and the termination
+    threshold."""
     if env is not None and task is not None:
         raise ValueError("pass env= or task=, not both (env.spec is the env's task).")
     if env is not None or task is not None:
@@ -61,8 +62,7 @@ def task_spec(
         reward_processor=processor,
         external_transition=transition,
         num_agents=num_agents,
-        num_turns=args.num_turns,
-        early_termination_threshold=args.early_termination_threshold,
+        **args.task_settings(),
     )
 
 

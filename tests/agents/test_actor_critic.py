@@ -463,7 +463,8 @@ def test_bad_assignment_is_rejected_and_undone() -> None:
 def test_defaults_are_cpu_friendly() -> None:
     cfg = IACConfig()
     fields = (cfg.num_turns, cfg.num_generations, cfg.num_train_epochs, cfg.ppo_epochs)
-    assert fields == (1, 1, 1, 1)
+    assert fields == (None, 1, 1, 1)  # None: the task's turns
+    assert cfg.task_settings() == {"num_turns": 1, "early_termination_threshold": -0.2}
     assert cfg.ppo_clip_range is None and cfg.use_separate_critic
 
 
