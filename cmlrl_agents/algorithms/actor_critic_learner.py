@@ -89,7 +89,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         self.num_turns = num_turns
         self.parallel = data_parallel()
         self.parallel.broadcast_parameters([*(a.model for a in self.agents), *self.critics])
-        self.engine = StepEngine(self.parallel)
+        self.engine = StepEngine(self.parallel, bf16=args.bf16)
         # A head on the actor is trained by the actor's optimizer (its own lr group): both
         # losses move the shared trunk, so one step must see both gradients.
         self.optimizers = [self._actor_optimizer(a) for a in range(len(self.agents))]
@@ -234,7 +234,8 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
             for group in self.actor_groups():
                 mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
                 size = args.forward_batch_size
-                old.update(step.old_logprobs(group, rows, mine, size, steps[0]))
+                with self.engine.autocast(self.agents[group[0]].device):
+                    old.update(step.old_logprobs(group, rows, mine, size, steps[0]))
         per_step: dict[str, list[float]] = defaultdict(list)
         for s, slots in enumerate(steps):
             stale_old = old if stale else None

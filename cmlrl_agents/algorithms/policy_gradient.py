@@ -65,7 +65,7 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         self.parallel = data_parallel()
         """This process's share of a data parallel launch (see distributed.py)."""
         self.parallel.broadcast_parameters(a.model for a in self.agents)
-        self.engine = StepEngine(self.parallel)
+        self.engine = StepEngine(self.parallel, bf16=args.bf16)
         self.optimizers = agent_optimizers(self.agents, args.agent_learning_rate, args.weight_decay)
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] | None = (
@@ -133,7 +133,10 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         for group in step_groups(self.agents):
             mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
             size = args.forward_batch_size
-            old = step.old_logprobs(group, rows, mine, size, steps[0]) if stale else None
+            old = None
+            if stale:
+                with self.engine.autocast(self.agents[group[0]].device):
+                    old = step.old_logprobs(group, rows, mine, size, steps[0])
             optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
             for s, slots in enumerate(steps):
                 indices = [[i for i in idx if rows[i].item_slot in slots] for idx in mine]

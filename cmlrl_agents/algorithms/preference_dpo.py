@@ -99,7 +99,7 @@ class DPOLearner(OptimizedLearner[MADPOConfig]):
         self.args = args
         self.parallel = data_parallel()
         self.parallel.broadcast_parameters(a.model for a in self.agents)
-        self.engine = StepEngine(self.parallel)
+        self.engine = StepEngine(self.parallel, bf16=args.bf16)
         self.optimizers = agent_optimizers(self.agents, args.agent_learning_rate, args.weight_decay)
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] = reference_policies(self.agents, devices)
@@ -155,7 +155,9 @@ class DPOLearner(OptimizedLearner[MADPOConfig]):
                     batch = build_batch(
                         prompts[a][s : s + size], rows[s : s + size], agent.pad_token_id
                     ).to(agent.device)
-                    out.append(reference_logprobs(ref, batch).sum(dim=1).cpu())
+                    with self.engine.autocast(agent.device):  # the loss's precision
+                        scores = reference_logprobs(ref, batch)
+                    out.append(scores.sum(dim=1).cpu())
             ref_c.append(torch.cat(parts_c))
             ref_r.append(torch.cat(parts_r))
         return PreparedPairs(

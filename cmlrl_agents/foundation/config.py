@@ -99,6 +99,14 @@ class SharedConfig(ValidatedConfig):
     so a stale step's ratio to its "old" log-probs is exactly 1 before the policy moves (the
     measurement with dropout kept: docs/training.md). False keeps dropout in the training
     passes (peft's ``lora_dropout``, a model's ``attention_dropout``)."""
+    bf16: bool = False
+    """Run the training passes (the forwards of the agents' and critics' losses, their
+    references, and the passes their numbers are compared with: a round's old log-probs, DPO's
+    reference log-probs) under bfloat16 autocast, as TRL's ``bf16=True`` (MARLHF's reward model
+    fits in float32); weights, gradients and AdamW states stay float32, and sampling and
+    evaluation run as the model is loaded. Faster where bfloat16 matrix multiplies are (GPUs;
+    CPUs with AVX512-BF16 or AMX: measurements in docs/benchmarks.md), with bfloat16's rounding
+    in the log-probs. Off by default: its learning was not measured over seeds."""
     log_entropy: bool = True
     """Log each agent's mean per-token policy entropy (computed from the scoring pass's logits,
     without gradient)."""
@@ -190,6 +198,7 @@ class SharedConfig(ValidatedConfig):
         self._real("tis_cap", 1.0)
         self._bool("log_entropy")
         self._bool("disable_dropout")
+        self._bool("bf16")
         self._check_seed_and_folder()
         self._int("rollout_buffer_size", 1)
         self._int("train_batch_size", 1, optional=True)

@@ -21,7 +21,7 @@ __all__ = ["FOREIGN_NAMES", "SAME_AS_TRL", "unknown_field_message"]
 SAME_AS_TRL = (
     *("num_generations", "num_train_epochs", "temperature", "top_p", "top_k", "seed"),
     *("output_dir", "logging_steps", "save_steps", "save_total_limit", "max_grad_norm"),
-    *("warmup_steps", "lr_scheduler_type"),
+    *("warmup_steps", "lr_scheduler_type", "bf16"),
 )
 """TRL's names that the configs use with TRL's meaning."""
 
@@ -71,8 +71,11 @@ FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "loss_type": (("loss_aggregation",), "sequence_sum or token_mean"),
     "use_vllm": (("generation_backend",), "generation_backend='vllm' (the cmlrl[vllm] extra)"),
-    "bf16": ((), "trainable weights stay float32; model_config={'dtype': ...} sets the base's"),
-    "fp16": ((), "trainable weights stay float32; model_config={'dtype': ...} sets the base's"),
+    "fp16": (
+        ("bf16",),
+        "bf16=True autocasts the training passes (fp16 needs a loss scaler, which is not here); "
+        "model_config={'dtype': ...} sets the base's load dtype",
+    ),
 }
 
 

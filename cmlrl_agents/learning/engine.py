@@ -7,7 +7,8 @@ Every family's optimizer step is the same sequence, written once here:
    the host, and sum the counts over the ranks of a data parallel launch in one all-reduce, so
    that every chunk's loss is normalised by the *step's* totals (``totals``): the chunks' and
    the ranks' losses then add up to the loss of the whole step in one process;
-3. for each chunk (``forward_batch_size`` rows at most): its loss, then ``backward``;
+3. for each chunk (``forward_batch_size`` rows at most): its loss (under bfloat16 autocast
+   with ``bf16``), then ``backward``;
 4. sum the gradients over the ranks (one all-reduce per parameter: see foundation/distributed.py);
 5. each optimizer's gradient norm; the step's statistics summed (and maxima taken) over the
    ranks on the device, then read on the host ONCE, with the norms: each read waits for the
@@ -20,8 +21,10 @@ everything else, so chunking, ranks and clipping behave alike in every family.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -76,10 +79,24 @@ class StepResult:
 
 
 class StepEngine:
-    """Takes optimizer steps (:meth:`step`) for one process of a (possibly data parallel) run."""
+    """Takes optimizer steps (:meth:`step`) for one process of a (possibly data parallel) run.
 
-    def __init__(self, parallel: DataParallel) -> None:
+    ``bf16``: each chunk's loss (its forwards) runs under bfloat16 autocast, the backward
+    outside it, as PyTorch prescribes; weights, gradients and optimizer states stay float32.
+    A learner's passes without gradient whose numbers the loss compares with (a round's old
+    log-probs, DPO's reference log-probs) run under :meth:`autocast` too, so they are the
+    same function as the loss's.
+    """
+
+    def __init__(self, parallel: DataParallel, *, bf16: bool = False) -> None:
         self.parallel = parallel
+        self.bf16 = bf16
+
+    def autocast(self, device: torch.device) -> AbstractContextManager[object]:
+        """The training passes' precision on ``device``: bfloat16 autocast, or nothing."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step(
         self,
@@ -94,8 +111,10 @@ class StepEngine:
         totals = self._totals(plan)
         sums: dict[str, Tensor] = {}
         maxima: dict[str, Tensor] = {}
+        device = _device(plan.optimizers)
         for chunk in plan.chunks:
-            part = plan.loss(chunk, totals)
+            with self.autocast(device):
+                part = plan.loss(chunk, totals)
             part.loss.backward()
             _accumulate(sums, part.sums, torch.add, plan.sum_keys, "sum_keys")
             _accumulate(maxima, part.maxima, torch.maximum, plan.max_keys, "max_keys")

@@ -64,7 +64,7 @@ class TrainerBase(RunState, Generic[ConfigT, LearnerT]):
     algorithm = "base"
     fixed_fields: tuple[str, ...] = (
         *("num_agents", "num_turns", "early_termination_threshold", "output_dir"),
-        *("agent_devices", "reference_devices", "lr_scheduler_type", "warmup_steps"),
+        *("agent_devices", "reference_devices", "lr_scheduler_type", "warmup_steps", "bf16"),
     )
     """Config fields read once, at construction: assigning a new value raises (see
     ``ValidatedConfig.fix_fields``)."""

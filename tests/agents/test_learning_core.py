@@ -328,6 +328,58 @@ def test_old_log_probs_are_recorded_once_per_round() -> None:
         record_old_scores(old, ctx)  # type: ignore[arg-type]
 
 
+def _two_rows() -> tuple[PolicyRow, PolicyRow]:
+    return (
+        PolicyRow(
+            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
+        ),
+        PolicyRow(
+            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
+        ),
+    )
+
+
+def test_bf16_runs_the_losss_forwards_in_bfloat16_and_keeps_the_weights_float32(tmp_path):
+    losses = {}
+    for bf16 in (False, True):
+        trainer = make_trainer(
+            tmp_path / str(bf16), num_agents=1, bf16=bf16, reference_kl_enabled=True
+        )
+        model = trainer.agents[0].model
+        before = [p.detach().clone() for p in model.parameters()]
+        seen: set[torch.dtype] = set()
+        linear = next(m for m in model.modules() if isinstance(m, nn.Linear))
+        hook = linear.register_forward_hook(lambda m, i, out, seen=seen: seen.add(out.dtype))
+        metrics = trainer.learner.update(TrainBatch(_two_rows(), num_items=2))
+        hook.remove()
+        assert seen == ({torch.bfloat16} if bf16 else {torch.float32})
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        moved = [not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)]
+        assert any(moved) and math.isfinite(metrics["loss"])
+        losses[bf16] = metrics["agent_0/loss"]
+        assert metrics["turn_1/reference_kl_mean"] == pytest.approx(0.0, abs=1e-6)
+    # The same loss to bfloat16's rounding (8 bits of mantissa).
+    assert losses[True] == pytest.approx(losses[False], rel=0.05)
+    assert MAGRPOConfig().bf16 is False
+
+
+def test_under_bf16_a_stale_steps_ratio_is_one_before_the_policy_moves(tmp_path) -> None:
+    # The second window's old log-probs come from a pass before the round: under the loss's
+    # autocast it is the loss's function, so at lr ~ 0 the ratio is 1 (in float32 passes it
+    # would differ by bfloat16's rounding: 1.2e-4 on this tiny model).
+    trainer = make_trainer(
+        tmp_path,
+        num_agents=1,
+        bf16=True,
+        rollout_buffer_size=2,
+        train_batch_size=1,
+        agent_learning_rate=1e-12,
+        reference_kl_enabled=False,
+    )
+    metrics = trainer.learner.update(TrainBatch(_two_rows(), num_items=2))
+    assert metrics["agent_0/ratio_max"] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_an_early_ended_chain_keeps_its_reward_for_its_unplayed_turns_in_gae() -> None:
     tree = chain_tree()  # item B ends at turn 1 of 2 with reward 0.95
     zero = [torch.zeros(len(level.states)) for level in tree.levels]

@@ -70,8 +70,11 @@ def test_one_round_changes_the_policy_not_the_reference_and_logs_its_metrics(tmp
     assert len(load_pairs(tmp_path / "run" / "preference" / "pairs-000.jsonl", AGENTS)) > 0
 
 
-def test_the_first_step_starts_at_the_reference(tmp_path):
-    trainer = make_trainer(tmp_path)
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_first_step_starts_at_the_reference(tmp_path, bf16):
+    # Under bf16 the reference log-probs are scored under the loss's autocast: the same
+    # function, so the first margin is still exactly 0.
+    trainer = make_trainer(tmp_path, bf16=bf16)
     pairs = trainer.build_pairs(0)
     stats = trainer.learner.step(trainer.learner.prepare(pairs), range(len(pairs)))
     # pi == pi_ref: every log-ratio is 0, so the margin is 0 and the loss log 2.
