@@ -12,6 +12,7 @@ Each run is a fresh child process (the reference in a throwaway virtualenv), tim
     python benchmarks/vs_comlrl.py --turns 1 --items 8
     python benchmarks/vs_comlrl.py --turns 2 --items 4
     python benchmarks/vs_comlrl.py --turns 1 --items 2 --tokens 16 --setups lora   # a quick look
+    python benchmarks/vs_comlrl.py --turns 1 --items 4 --bf16   # ours with bf16 autocast
 
 Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios;
 for ours also the share of the machine's peak (``benchmarks/peak.py``): the FLOPs of the training
@@ -70,7 +71,7 @@ OURS = COMMON + textwrap.dedent("""
     config = MAGRPOConfig(num_agents=2, num_turns=turns, num_train_epochs=1, num_generations=4,
                           max_new_tokens=tokens, min_new_tokens=tokens, eval_interval=0,
                           logging_steps=1, early_termination_threshold=None, seed=0,
-                          output_dir=spec["out"])
+                          output_dir=spec["out"], bf16=spec.get("bf16", False))
     peft = None
     if spec["setup"] == "lora":
         from peft import LoraConfig
@@ -120,6 +121,9 @@ def main() -> None:
         help="ours: full fine-tuning (the reference's work) and/or adapter agents",
     )
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "comlrl-venv")
+    parser.add_argument(
+        "--bf16", action="store_true", help="ours with bf16=True (the training passes autocast)"
+    )
     args = parser.parse_args()
 
     from cmlrl_agents.policies.agent import smollm2_path
@@ -129,6 +133,7 @@ def main() -> None:
     print(
         f"model: SmolLM2-135M-Instruct ({model}); 2 agents, G=4, {args.tokens} forced tokens, "
         f"{args.items} items, {args.threads} threads"
+        + (", ours with bf16=True" if args.bf16 else "")
     )
     header = f"{'turns':>5} {'library':>12} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
     print(header + "  share of the fp32 matmul peak (ours)")
@@ -140,6 +145,7 @@ def main() -> None:
                 "tokens": args.tokens,
                 "model": model,
                 "out": out,
+                "bf16": args.bf16,
                 "benchmarks": str(Path(__file__).resolve().parent),
             }
             results = {"comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads)}
