@@ -19,7 +19,9 @@ BASELINES: tuple[str, ...] = ("mean", "rloo", "max", "raw")
 """Baselines accepted by :func:`group_advantages`."""
 
 
-def _check_group_inputs(returns: Tensor, baseline: str, eps: float) -> None:
+def _check_group_inputs(
+    returns: Tensor, baseline: str, normalize_std: bool, eps: float, std: float | None
+) -> None:
     check_finite("returns", check_float("returns", returns))
     if returns.dim() != 2 or returns.shape[1] == 0:
         raise ValueError(
@@ -30,6 +32,32 @@ def _check_group_inputs(returns: Tensor, baseline: str, eps: float) -> None:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}; it keeps the std division finite")
+    if baseline == "raw" and normalize_std:
+        raise ValueError(
+            "baseline 'raw' with normalize_std=True would divide returns that have no baseline "
+            "by their std, so equal returns (std 0) become huge advantages; pass "
+            "normalize_std=False or a baseline ('mean', 'rloo', 'max')"
+        )
+    if std is not None and not (math.isfinite(std) and std >= 0):
+        raise ValueError(f"std must be a finite float >= 0, got {std}; None uses each row's own")
+    if baseline == "rloo" and returns.shape[1] < 2:
+        raise ValueError(
+            f"baseline 'rloo' needs G >= 2 samples per group, got returns of shape "
+            f"{tuple(returns.shape)}; sample more per state or use baseline 'mean'"
+        )
+
+
+def _baselined(returns: Tensor, baseline: str) -> Tensor:
+    """Each row's returns less its siblings' baseline (``group_advantages`` says which)."""
+    group_size = returns.shape[1]
+    if baseline == "mean":
+        return returns - returns.mean(dim=1, keepdim=True)
+    if baseline == "rloo":
+        total = returns.sum(dim=1, keepdim=True)
+        return (group_size * returns - total) / (group_size - 1)
+    if baseline == "max":
+        return returns - returns.max(dim=1, keepdim=True).values
+    return returns.clone()  # "raw"
 
 
 def group_advantages(
@@ -64,31 +92,8 @@ def group_advantages(
         ValueError: ``returns`` not a finite 2-D float tensor, unknown ``baseline``,
             ``G < 2`` with ``"rloo"``, ``"raw"`` with ``normalize_std``, or ``eps <= 0``.
     """
-    _check_group_inputs(returns, baseline, eps)
-    if baseline == "raw" and normalize_std:
-        raise ValueError(
-            "baseline 'raw' with normalize_std=True would divide returns that have no baseline "
-            "by their std, so equal returns (std 0) become huge advantages; pass "
-            "normalize_std=False or a baseline ('mean', 'rloo', 'max')"
-        )
-    if std is not None and not (math.isfinite(std) and std >= 0):
-        raise ValueError(f"std must be a finite float >= 0, got {std}; None uses each row's own")
-    group_size = returns.shape[1]
-    if baseline == "mean":
-        adv = returns - returns.mean(dim=1, keepdim=True)
-    elif baseline == "rloo":
-        if group_size < 2:
-            raise ValueError(
-                f"baseline 'rloo' needs G >= 2 samples per group, got returns of shape "
-                f"{tuple(returns.shape)}; sample more per state or use baseline 'mean'"
-            )
-        total = returns.sum(dim=1, keepdim=True)
-        adv = (group_size * returns - total) / (group_size - 1)
-    elif baseline == "max":
-        adv = returns - returns.max(dim=1, keepdim=True).values
-    else:  # "raw"
-        adv = returns.clone()
-
+    _check_group_inputs(returns, baseline, normalize_std, eps, std)
+    adv = _baselined(returns, baseline)
     if normalize_std:
         # Scale only. The reference subtracted mean(A) here as well, which maps every baseline
         # to (R - mean R) / std R and made MAGRPO/MARLOO/MAReMax/MAREINFORCE identical (bug B7).

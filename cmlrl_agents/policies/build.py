@@ -81,24 +81,7 @@ def build_agents(
             f"model_config['device']={config['device']!r} and args.{devices_field} both place "
             f"the models; keep one (args.{devices_field} can also give one device per model)."
         )
-    if agent_model is not None and agents is not None:
-        raise ValueError(
-            "pass agent_model (one model name for every agent) or agents (one per agent), not both."
-        )
-    if agent_model is None and agents is None:
-        raise ValueError(
-            "no model given: pass agent_model='<hub id or local folder>' or "
-            "agents=[model, ...] with tokenizer=..."
-        )
-    if agents is None:  # agent_model is given (checked above)
-        if isinstance(agent_model, LLMAgent) or not isinstance(agent_model, str):
-            raise TypeError(
-                f"agent_model must be a hub id or local folder (str), got "
-                f"{type(agent_model).__name__}; pass model objects as agents=[...]."
-            )
-        specs: list[Any] = [agent_model] * num_agents
-    else:
-        specs = list(agents)
+    specs = _model_specs(agent_model, agents, num_agents)
     if configs is not None and agent_model is not None:  # one base for the whole team
         one = _build_one(
             agent_model,
@@ -125,6 +108,27 @@ def build_agents(
     team = attach_adapters(built, configs)
     same_device(team, devices)
     return team
+
+
+def _model_specs(agent_model: Any, agents: Sequence[Any] | None, num_agents: int) -> list[Any]:
+    """What each agent is built from: ``agent_model`` (a str) for all, or one of ``agents``."""
+    if agent_model is not None and agents is not None:
+        raise ValueError(
+            "pass agent_model (one model name for every agent) or agents (one per agent), not both."
+        )
+    if agent_model is None and agents is None:
+        raise ValueError(
+            "no model given: pass agent_model='<hub id or local folder>' or "
+            "agents=[model, ...] with tokenizer=..."
+        )
+    if agents is not None:
+        return list(agents)
+    if isinstance(agent_model, LLMAgent) or not isinstance(agent_model, str):
+        raise TypeError(
+            f"agent_model must be a hub id or local folder (str), got "
+            f"{type(agent_model).__name__}; pass model objects as agents=[...]."
+        )
+    return [agent_model] * num_agents
 
 
 def _build_one(
