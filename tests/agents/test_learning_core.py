@@ -39,6 +39,18 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
 ADV = torch.tensor([2.0, -1.0], dtype=F64)
 
 
+def two_rows() -> tuple[PolicyRow, PolicyRow]:
+    """One agent's rows of two items, advantages +1 and -1."""
+    return (
+        PolicyRow(
+            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
+        ),
+        PolicyRow(
+            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
+        ),
+    )
+
+
 # -- the engine ---------------------------------------------------------------------------------
 def _linear_plan(model: nn.Linear, optimizer: torch.optim.Optimizer, chunks, xs, ys) -> StepPlan:
     def loss(chunk, totals):
@@ -215,14 +227,7 @@ def test_later_steps_of_a_round_use_the_clipped_ratio_to_the_rows_before_the_rou
     )
     model = trainer.agents[0].model
     before = copy.deepcopy(model)
-    rows = (
-        PolicyRow(
-            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
-        ),
-        PolicyRow(
-            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
-        ),
-    )
+    rows = two_rows()
     grads = record_step_gradients(trainer.learner.optimizers[0])
     metrics = trainer.learner.update(TrainBatch(rows, num_items=2))
     n = len(list(model.parameters()))
@@ -263,14 +268,7 @@ def test_ppo_epochs_steps_the_round_again_against_the_log_probs_its_first_step_s
     )
     model = trainer.agents[0].model
     before = copy.deepcopy(model)
-    rows = (
-        PolicyRow(
-            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
-        ),
-        PolicyRow(
-            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
-        ),
-    )
+    rows = two_rows()
     import cmlrl_agents.learning.policy_step as policy_step
 
     passes = []
@@ -328,17 +326,6 @@ def test_old_log_probs_are_recorded_once_per_round() -> None:
         record_old_scores(old, ctx)  # type: ignore[arg-type]
 
 
-def _two_rows() -> tuple[PolicyRow, PolicyRow]:
-    return (
-        PolicyRow(
-            agent=0, item_slot=0, turn=1, prompt_ids=(1, 5), completion_ids=(10, 11), advantage=1.0
-        ),
-        PolicyRow(
-            agent=0, item_slot=1, turn=1, prompt_ids=(2, 3), completion_ids=(12, 13), advantage=-1.0
-        ),
-    )
-
-
 def test_bf16_runs_the_losss_forwards_in_bfloat16_and_keeps_the_weights_float32(tmp_path):
     losses = {}
     for bf16 in (False, True):
@@ -350,7 +337,7 @@ def test_bf16_runs_the_losss_forwards_in_bfloat16_and_keeps_the_weights_float32(
         seen: set[torch.dtype] = set()
         linear = next(m for m in model.modules() if isinstance(m, nn.Linear))
         hook = linear.register_forward_hook(lambda m, i, out, seen=seen: seen.add(out.dtype))
-        metrics = trainer.learner.update(TrainBatch(_two_rows(), num_items=2))
+        metrics = trainer.learner.update(TrainBatch(two_rows(), num_items=2))
         hook.remove()
         assert seen == ({torch.bfloat16} if bf16 else {torch.float32})
         assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -376,7 +363,7 @@ def test_under_bf16_a_stale_steps_ratio_is_one_before_the_policy_moves(tmp_path)
         agent_learning_rate=1e-12,
         reference_kl_enabled=False,
     )
-    metrics = trainer.learner.update(TrainBatch(_two_rows(), num_items=2))
+    metrics = trainer.learner.update(TrainBatch(two_rows(), num_items=2))
     assert metrics["agent_0/ratio_max"] == pytest.approx(1.0, abs=1e-6)
 
 
