@@ -65,9 +65,8 @@ class MAGRPOConfig(SharedConfig):
     """Passes over each round's rows (TRL's ``num_iterations``): every window of
     ``train_batch_size`` items is stepped on this many times, the later steps with PPO's clipped
     ratio (so > 1 needs ``ppo_clip_range``). The first step's pass gives the rows' old
-    log-probs, so a round of one window pays no scoring pass for them. 1: on the seed's program
-    at the default rate, 2 learned less on every seed tried and cost 1.6x the CPU
-    (docs/experiments.md)."""
+    log-probs, so a round of one window pays no scoring pass for them. 1: why, in
+    docs/experiments.md ("Why the MAGRPO defaults")."""
     reference_kl_enabled: bool = False
     """Penalise divergence from the agents' initial weights (``reference_kl_coef`` times the k3
     KL estimate in the loss). Off by default, as in comlrl: on the seed's program it learned

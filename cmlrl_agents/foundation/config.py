@@ -105,8 +105,8 @@ class SharedConfig(ValidatedConfig):
     reference log-probs) under bfloat16 autocast, as TRL's ``bf16=True`` (MARLHF's reward model
     fits in float32); weights, gradients and AdamW states stay float32, and sampling and
     evaluation run as the model is loaded. Faster where bfloat16 matrix multiplies are (GPUs;
-    CPUs with AVX512-BF16 or AMX: measurements in docs/benchmarks.md), with bfloat16's rounding
-    in the log-probs. Off by default: its learning was not measured over seeds."""
+    CPUs with AVX512-BF16 or AMX), with bfloat16's rounding in the log-probs. Off by default;
+    its speed and its learning over seeds are in docs/benchmarks.md and docs/experiments.md."""
     log_entropy: bool = True
     """Log each agent's mean per-token policy entropy (computed from the scoring pass's logits,
     without gradient)."""
