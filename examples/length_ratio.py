@@ -51,6 +51,9 @@ def main() -> None:
     )
     parser.add_argument("--output-dir", default="runs/length-ratio")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bf16", action="store_true", help="the update's passes under bfloat16 autocast"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny random model, for tests")
     args = parser.parse_args()
 
@@ -72,6 +75,7 @@ def main() -> None:
         eval_batch_size=len(eval_dataset),
         logging_steps=8,
         seed=args.seed,
+        bf16=args.bf16,
         verbose=True,  # progress bar and eval lines, also when piped to a file
         output_dir=args.output_dir,
     )
