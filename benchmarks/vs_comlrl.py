@@ -71,7 +71,7 @@ OURS = COMMON + textwrap.dedent("""
     config = MAGRPOConfig(num_agents=2, num_turns=turns, num_train_epochs=1, num_generations=4,
                           max_new_tokens=tokens, min_new_tokens=tokens, eval_interval=0,
                           logging_steps=1, early_termination_threshold=None, seed=0,
-                          output_dir=spec["out"], bf16=spec.get("bf16", False))
+                          output_dir=spec["out"], bf16=spec["bf16"])
     peft = None
     if spec["setup"] == "lora":
         from peft import LoraConfig

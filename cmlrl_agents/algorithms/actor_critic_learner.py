@@ -223,7 +223,13 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
         metrics = dict(batch.metrics)
         metrics.update(self._value_metrics(batch.samples))
         objective = self.objective()
-        step = PolicyStep(self.agents, self.reference_models, objective, self.num_turns)
+        step = PolicyStep(
+            self.agents,
+            self.reference_models,
+            objective,
+            self.num_turns,
+            precision=self.engine.autocast,
+        )
         windows = self.parallel.windows(
             int(self.parallel.sum(batch.num_items)), args.items_per_step
         )
@@ -234,8 +240,7 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
             for group in self.actor_groups():
                 mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
                 size = args.forward_batch_size
-                with self.engine.autocast(self.agents[group[0]].device):
-                    old.update(step.old_logprobs(group, rows, mine, size, steps[0]))
+                old.update(step.old_logprobs(group, rows, mine, size, steps[0]))
         per_step: dict[str, list[float]] = defaultdict(list)
         for s, slots in enumerate(steps):
             stale_old = old if stale else None

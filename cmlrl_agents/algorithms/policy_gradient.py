@@ -123,7 +123,13 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         """
         args, rows = self.args, batch.rows
         objective = self.objective()
-        step = PolicyStep(self.agents, self.reference_models, objective, self.num_turns)
+        step = PolicyStep(
+            self.agents,
+            self.reference_models,
+            objective,
+            self.num_turns,
+            precision=self.engine.autocast,
+        )
         round_items = int(self.parallel.sum(batch.num_items))
         steps = round_steps(
             self.parallel.windows(round_items, args.items_per_step), args.ppo_epochs
@@ -133,10 +139,7 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         for group in step_groups(self.agents):
             mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
             size = args.forward_batch_size
-            old = None
-            if stale:
-                with self.engine.autocast(self.agents[group[0]].device):
-                    old = step.old_logprobs(group, rows, mine, size, steps[0])
+            old = step.old_logprobs(group, rows, mine, size, steps[0]) if stale else None
             optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
             for s, slots in enumerate(steps):
                 indices = [[i for i in idx if rows[i].item_slot in slots] for idx in mine]

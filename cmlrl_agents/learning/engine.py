@@ -122,7 +122,7 @@ class StepEngine:
         params = {name: _params(plan.optimizers[name]) for name in names}
         self.parallel.sum_gradients(p for name in names for p in params[name])
         norms = {name: _grad_norm(params[name]) for name in names}
-        stats = self._read(plan, sums, maxima, norms)
+        stats = self._read(plan, sums, maxima, norms, device)
         _check_finite(stats, names)
         for name in names:
             if max_grad_norm is not None and params[name]:
@@ -149,10 +149,10 @@ class StepEngine:
         sums: Mapping[str, Tensor],
         maxima: Mapping[str, Tensor],
         norms: Mapping[str, Tensor],
+        device: torch.device,
     ) -> dict[str, float]:
         """Sums and maxima reduced over the ranks on the device, then one host read with the
         gradient norms (identical on every rank after the gradient all-reduce)."""
-        device = _device(plan.optimizers)
         zero, low = torch.zeros((), device=device), torch.full((), -math.inf, device=device)
         summed = _stack([sums.get(k, zero) for k in plan.sum_keys], device)
         top = _stack([maxima.get(k, low) for k in plan.max_keys], device)

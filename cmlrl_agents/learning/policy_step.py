@@ -10,7 +10,8 @@ step; what each agent's scored rows cost is :mod:`cmlrl_agents.learning.policy_l
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor
@@ -52,11 +53,16 @@ class PolicyStep:
         references: Sequence[Reference] | None,
         objective: PolicyObjective,
         num_turns: int,
+        *,
+        precision: Callable[[torch.device], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.agents = list(agents)
         self.references = references
         self.objective = objective
         self.num_turns = num_turns
+        self.precision = precision
+        """The loss passes' precision on a device (the engine's ``autocast``): the old
+        log-probs are scored under it too, so they are the loss's function (None: float32)."""
 
     # -- the keys every rank declares -------------------------------------------------------------
     def count_keys(self, group: Sequence[int]) -> list[str]:
@@ -194,7 +200,9 @@ class PolicyStep:
         out: dict[int, OldScores] = {}
         for a in group:
             self.agents[a].model.train()
-        with torch.no_grad():
+        device = self.agents[group[0]].device
+        precision = nullcontext() if self.precision is None else self.precision(device)
+        with torch.no_grad(), precision:
             for s in range(0, len(flat), size):
                 chunk = flat[s : s + size]
                 scored = self.score(group, rows, chunk)
