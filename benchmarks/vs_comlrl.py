@@ -13,6 +13,8 @@ Each run is a fresh child process (the reference in a throwaway virtualenv), tim
     python benchmarks/vs_comlrl.py --turns 2 --items 4
     python benchmarks/vs_comlrl.py --turns 1 --items 2 --tokens 16 --setups lora   # a quick look
     python benchmarks/vs_comlrl.py --turns 1 --items 4 --bf16   # ours with bf16 autocast
+    python benchmarks/vs_comlrl.py --turns 1 --items 4 --generation-backend hf_bf16
+    #   ours sampling from bfloat16 copies of the agents (with the truncated importance weights)
 
 Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios;
 for ours also the share of the machine's peak (``benchmarks/peak.py``): the FLOPs of the training
@@ -71,7 +73,8 @@ OURS = COMMON + textwrap.dedent("""
     config = MAGRPOConfig(num_agents=2, num_turns=turns, num_train_epochs=1, num_generations=4,
                           max_new_tokens=tokens, min_new_tokens=tokens, eval_interval=0,
                           logging_steps=1, early_termination_threshold=None, seed=0,
-                          output_dir=spec["out"], bf16=spec["bf16"])
+                          output_dir=spec["out"], bf16=spec["bf16"],
+                          generation_backend=spec["generation_backend"])
     peft = None
     if spec["setup"] == "lora":
         from peft import LoraConfig
@@ -124,6 +127,12 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="ours with bf16=True (the training passes autocast)"
     )
+    parser.add_argument(
+        "--generation-backend",
+        choices=["hf", "hf_bf16"],
+        default="hf",
+        help="ours: the config's generation_backend (hf_bf16: sample from bfloat16 copies)",
+    )
     args = parser.parse_args()
 
     from cmlrl_agents.policies.agent import smollm2_path
@@ -134,6 +143,7 @@ def main() -> None:
         f"model: SmolLM2-135M-Instruct ({model}); 2 agents, G=4, {args.tokens} forced tokens, "
         f"{args.items} items, {args.threads} threads"
         + (", ours with bf16=True" if args.bf16 else "")
+        + f", ours with generation_backend={args.generation_backend!r}"
     )
     header = f"{'turns':>5} {'library':>12} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
     print(header + "  share of the fp32 matmul peak (ours)")
@@ -146,6 +156,7 @@ def main() -> None:
                 "model": model,
                 "out": out,
                 "bf16": args.bf16,
+                "generation_backend": args.generation_backend,
                 "benchmarks": str(Path(__file__).resolve().parent),
             }
             results = {"comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads)}

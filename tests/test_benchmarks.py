@@ -169,15 +169,17 @@ def test_the_round_meter_refuses_a_round_without_generation(bench) -> None:
         peak.RoundMeter("cpu", [(_Child, "sample")]).count(lambda: None)
 
 
-@pytest.mark.parametrize("bf16", [False, True])
-def test_vs_comlrl_reports_our_share_of_the_peak(bench, tmp_path: Path, bf16: bool) -> None:
+@pytest.mark.parametrize(("bf16", "backend"), [(False, "hf"), (True, "hf"), (False, "hf_bf16")])
+def test_vs_comlrl_reports_our_share_of_the_peak(
+    bench, tmp_path: Path, bf16: bool, backend: str
+) -> None:
     """Our child program on a tiny model: its timed run, then the share of the matmul peak of
     generation and the update, from FLOPs counted in one more epoch over the same items."""
     tokenizer = tiny_tokenizer()
     tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     spec = {"turns": 1, "items": 2, "tokens": 3, "setup": "lora", "benchmarks": str(BENCHMARKS)}
-    spec |= {"bf16": bf16}
+    spec |= {"bf16": bf16, "generation_backend": backend}
     spec |= {"model": str(tmp_path / "model"), "out": str(tmp_path / "run")}
     result = bench["vs_comlrl"].run(sys.executable, bench["vs_comlrl"].OURS, spec, 1)
     assert result["items"] == 2 and result["seconds"] > 0

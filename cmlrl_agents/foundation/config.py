@@ -24,7 +24,10 @@ LR_SCHEDULER_TYPES = ("constant", "linear", "cosine")
 SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k")
 """The generation settings ``agent_sampling`` may set per agent."""
 
-GENERATION_BACKENDS = ("hf", "vllm")
+GENERATION_BACKENDS = ("hf", "hf_bf16", "vllm")
+# The backends that sample from weights other than the trainer's: their completions carry the
+# sampler's log-probs, and the loss weights each token by the truncated importance ratio.
+SEPARATE_SAMPLERS = ("hf_bf16", "vllm")
 
 FROM_TASK = "task"
 """``early_termination_threshold``'s default: the task's own threshold (``env=``/``task=`` own
@@ -67,8 +70,10 @@ class SharedConfig(ValidatedConfig):
     shared fields). Adapter agents of one base share one generate call only when their settings
     are equal: rows are grouped by settings, one call per distinct setting."""
     generation_backend: str = "hf"
-    """"hf" (transformers ``generate``) or "vllm" (the optional ``cmlrl[vllm]`` extra; serves
-    the adapters of LoRA agents per request and reloads them after each update)."""
+    """"hf" (transformers ``generate``), "hf_bf16" (the same on a bfloat16 copy of each agent,
+    synced after each update: about half the decoding time on a CPU, with ``tis_cap``'s
+    correction; docs/training.md) or "vllm" (the optional ``cmlrl[vllm]`` extra; serves the
+    adapters of LoRA agents per request and reloads them after each update)."""
     discount: float = 1.0
     """Weight of later turns in a turn's return."""
     early_termination_threshold: float | str | None = FROM_TASK
@@ -90,9 +95,9 @@ class SharedConfig(ValidatedConfig):
     """AdamW's decoupled weight decay of every optimizer (0: none, as in Hugging Face's
     Trainer; torch's own AdamW default of 0.01 is not used)."""
     tis_cap: float = 2.0
-    """With ``generation_backend="vllm"``: each token's policy term is weighted by the
-    truncated importance ratio ``min(pi_trainer / pi_sampler, tis_cap)`` (TRL's and verl's TIS),
-    correcting for vLLM's numerics; >= 1."""
+    """With ``generation_backend="vllm"`` or ``"hf_bf16"``: each token's policy term is weighted
+    by the truncated importance ratio ``min(pi_trainer / pi_sampler, tis_cap)`` (TRL's and
+    verl's TIS), correcting for the sampler's numerics; >= 1."""
     disable_dropout: bool = True
     """Set every dropout rate of the agents (and of the critics) to 0 when the trainer is built,
     as TRL's ``disable_dropout``: each scoring pass of one weight state is then one function,

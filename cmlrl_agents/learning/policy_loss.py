@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cmlrl_agents.foundation.config import SharedConfig
+from cmlrl_agents.foundation.config import SEPARATE_SAMPLERS, SharedConfig
 from cmlrl_agents.functional.losses import (
     aggregate,
     kl_k3_tokens,
@@ -79,15 +79,15 @@ class PolicyObjective:
         **settings: Any,
     ) -> PolicyObjective:
         """The objective of a config: every agent's sampling temperature, the KL term when the
-        learner has references (``kl_coef`` None: none), truncated importance weights when vLLM
-        samples; ``settings`` sets the other fields."""
+        learner has references (``kl_coef`` None: none), truncated importance weights when a
+        separate sampler draws (vLLM, bfloat16 copies); ``settings`` sets the other fields."""
         sampling = [args.sampling_for(a) for a in range(num_agents)]
         return cls(
             temperatures=tuple(s.temperature for s in sampling),
             truncations=tuple((s.top_k, s.top_p) for s in sampling),
             kl_coef=0.0 if kl_coef is None else kl_coef,
             clip_range=clip_range,
-            tis_cap=args.tis_cap if args.generation_backend == "vllm" else None,
+            tis_cap=args.tis_cap if args.generation_backend in SEPARATE_SAMPLERS else None,
             entropy=args.log_entropy,
             **settings,
         )

@@ -66,8 +66,9 @@ class Completion:
     completion_ids: tuple[int, ...]
     finished: bool
     sampler_logprobs: tuple[float, ...] | None = None
-    """The sampler's log-prob of each completion token, when the backend reports them (vLLM);
-    None from transformers' ``generate``, whose sampler is the trainer's own model."""
+    """The sampler's log-prob of each completion token, when the backend reports them (vLLM,
+    or transformers' ``generate`` on a bfloat16 copy); None when the sampler is the trainer's
+    own model."""
 
 
 def _token_id_set(value: Any) -> set[int]:
@@ -150,6 +151,11 @@ class LLMAgent:
         pad = getattr(tokenizer, "pad_token_id", None)
         pad = pad if pad is not None else tokenizer_eos
         self.pad_token_id: int = int(pad) if pad is not None else min(eos)
+        self.reports_sampler_logprobs = False
+        """Give each sampled completion its tokens' log-probs under the distribution they were
+        drawn from (``Completion.sampler_logprobs``): set by a backend that samples from a copy
+        of this agent's weights (``generation_backend="hf_bf16"``), whose draws the trainer
+        then corrects for."""
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -253,15 +259,23 @@ class LLMAgent:
             raise ValueError(f"{len(keys)} sampling keys for {len(rows)} rows; give one per row")
         row_keys = None if keys is None else torch.tensor(list(keys), dtype=torch.int64)
         input_ids, attention_mask = left_pad(rows, self.pad_token_id)
+        record: list[Tensor] | None = [] if self.reports_sampler_logprobs else None
         new_ids, mask = self._generate_tokens(
-            input_ids, attention_mask, sampling, adapter_names, row_keys
+            input_ids, attention_mask, sampling, adapter_names, row_keys, record
         )
         kept = completion_lists(new_ids, mask)
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
         eos = self.eos_token_ids
+        steps = torch.stack(record, dim=1).tolist() if record else None  # [rows][step]
         return [
-            Completion(text, tuple(prompt), tuple(ids), bool(ids) and ids[-1] in eos)
-            for prompt, ids, text in zip(rows, kept, texts, strict=True)
+            Completion(
+                text,
+                tuple(prompt),
+                tuple(ids),
+                bool(ids) and ids[-1] in eos,
+                None if steps is None else tuple(steps[i][: len(ids)]),
+            )
+            for i, (prompt, ids, text) in enumerate(zip(rows, kept, texts, strict=True))
         ]
 
     def _generate_tokens(
@@ -271,6 +285,7 @@ class LLMAgent:
         sampling: SamplingConfig,
         adapter_names: Sequence[str] | None,
         keys: Tensor | None = None,
+        record: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         extra = {} if adapter_names is None else {"adapter_names": list(adapter_names)}
         self.activate()
@@ -286,7 +301,7 @@ class LLMAgent:
                 pad_token_id=self.pad_token_id,
                 eos_token_id=sorted(self.eos_token_ids),
                 return_dict_in_generate=False,
-                **sampling.generate_kwargs(keys),
+                **sampling.generate_kwargs(keys, record),
                 **extra,
             )
         return completion_mask_from_generated(

@@ -146,13 +146,23 @@ class CandidateSampler(LogitsProcessor):
     The draws come from torch's global generator (``torch.manual_seed`` repeats them), or with
     ``keys`` (one int64 per row, :func:`row_key`) from :func:`keyed_uniforms`: then a row's
     tokens depend on its key and the logits alone, not on the batch it is in or on other
-    random draws (data parallel ranks and evaluation leave training's samples unchanged)."""
+    random draws (data parallel ranks and evaluation leave training's samples unchanged).
+
+    With ``record`` (a list), each step appends the ``[B]`` log-probs of the picked tokens under
+    the distribution they were drawn from (after temperature, top-k and top-p: what vLLM calls
+    processed log-probs), so a sampler that is not the trainer's model can be corrected for."""
 
     def __init__(
-        self, temperature: float, top_k: int | None, top_p: float, keys: Tensor | None = None
+        self,
+        temperature: float,
+        top_k: int | None,
+        top_p: float,
+        keys: Tensor | None = None,
+        record: list[Tensor] | None = None,
     ) -> None:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.keys = keys
+        self.record = record
         self._step = 0
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
@@ -162,6 +172,10 @@ class CandidateSampler(LogitsProcessor):
         else:
             picked = self._inverse_cdf(probs)
         tokens = picked if ids is None else ids.gather(-1, picked)
+        if self.record is not None:
+            # top-p zeroed the tail: renormalise over what stayed, as the draw did.
+            chosen = probs.gather(-1, picked).squeeze(-1) / probs.sum(dim=-1)
+            self.record.append(chosen.float().log())
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(-1, tokens, 0.0)
 
@@ -235,17 +249,20 @@ class SamplingConfig:
                 f"{self.max_new_tokens}]"
             )
 
-    def generate_kwargs(self, keys: Tensor | None = None) -> dict[str, Any]:
+    def generate_kwargs(
+        self, keys: Tensor | None = None, record: list[Tensor] | None = None
+    ) -> dict[str, Any]:
         """Keyword arguments for ``model.generate``. :class:`LLMAgent` sets the checkpoint's own
         ``generation_config`` aside during the call, so these are the only sampling settings
         (no ``repetition_penalty``, ``suppress_tokens``, ... from the model's files).
 
         Sampling runs in :class:`~cmlrl_agents.policies.sampling.CandidateSampler` (transformers'
         distribution, drawn among the top-k candidates only), which leaves one token finite per
-        row; ``generate`` then runs its greedy step, which takes that token."""
+        row; ``generate`` then runs its greedy step, which takes that token. ``record``: see
+        :class:`CandidateSampler` (greedy decoding records nothing)."""
         lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
         greedy = {**lengths, "do_sample": False, "num_beams": 1}
         if not self.do_sample:
             return greedy
-        sampler = CandidateSampler(self.temperature, self.top_k, self.top_p, keys)
+        sampler = CandidateSampler(self.temperature, self.top_k, self.top_p, keys, record)
         return {**greedy, "logits_processor": LogitsProcessorList([sampler])}
