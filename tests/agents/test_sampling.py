@@ -3,12 +3,19 @@ the top-k candidates only, and what ``generate`` makes of it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from cmlrl_agents.policies.agent import SamplingConfig
-from cmlrl_agents.policies.sampling import CandidateSampler, candidates
+from cmlrl_agents.policies.sampling import (
+    CandidateSampler,
+    Truncation,
+    candidates,
+    truncated_logprobs,
+)
 from cmlrl_agents.testing import tiny_agent
 
 
@@ -76,3 +83,16 @@ def test_generate_samples_with_it_repeatably_and_honours_min_new_tokens() -> Non
     rows = [c.completion_ids for row in first for c in row]
     assert all(len(ids) == 6 and not set(ids) & agent.eos_token_ids for ids in rows)
     assert len(set(rows)) > 1  # sampled, not greedy
+
+
+def test_truncated_logprobs_cut_each_row_to_its_own_top_k_and_top_p() -> None:
+    # probabilities 4/8, 2/8, 1/8, 1/8 at every position. Row 0: top-k 2 keeps 4/6 and 2/6;
+    # row 1: no top-k, top-p 0.7 keeps the tokens whose more likely ones hold < 0.7 (the first
+    # two): 2/3 and 1/3 again, and a token outside the set has log-prob -inf.
+    scaled = torch.log(torch.tensor([4.0, 2.0, 1.0, 1.0])).expand(2, 2, 4)
+    targets = torch.tensor([[0, 2], [1, 3]])
+    truncation = Truncation.of([(2, 1.0), (None, 0.7)], torch.device("cpu"))
+    got = truncated_logprobs(scaled, targets, truncation)
+    inf = float("inf")
+    expected = torch.tensor([[math.log(2 / 3), -inf], [math.log(1 / 3), -inf]])
+    torch.testing.assert_close(got, expected)
