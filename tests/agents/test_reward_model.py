@@ -122,7 +122,11 @@ def test_forward_batch_size_bounds_each_forward_and_changes_no_number():
     for name, value in weights(whole).items():  # Adam's first step divides by |g|: float noise
         torch.testing.assert_close(weights(chunked)[name], value, rtol=1e-4, atol=1e-4)
     texts = [joint_text(p.chosen, p.item) for p in pairs]
-    torch.testing.assert_close(whole.score(texts), chunked.score(texts), rtol=1e-5, atol=1e-6)
+    # The same weights scored in chunks of 2 and in one forward; the two fits' weights differ by
+    # Adam's float noise above, so comparing across models would measure that, not the chunking.
+    in_chunks = chunked.score(texts)
+    chunked.forward_batch_size = None
+    torch.testing.assert_close(in_chunks, chunked.score(texts), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="forward_batch_size=0 must be a positive number"):
         PreferenceRewardModel(tiny_reward_model(99), tiny_tokenizer(), forward_batch_size=0)
 
