@@ -45,6 +45,7 @@ from cmlrl_agents.algorithms.reward_learner import RewardFit, RewardFitArgs, Rew
 from cmlrl_agents.algorithms.reward_model import PreferenceRewardModel, split_pairs
 from cmlrl_agents.learning.learner import Learner, UpdateLearner
 from cmlrl_agents.policies.generation import GenerationBackend
+from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.runs.checkpoint import atomic_dir, latest_checkpoint, read_checkpoint
 from cmlrl_agents.runs.threads import apply_num_threads
 from cmlrl_agents.runs.trainer import TeamTrainer
@@ -175,6 +176,19 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
         # next round's pairs (a backend with weights of its own, vLLM, would serve round 0's).
         trainer.generation_backend = self.generation_backend
         return trainer
+
+    # The agents' optimizers and references belong to the RL phase's learner. This trainer
+    # holds no ``learner`` of its own: its config setter would hand MARLHF's config to a
+    # learner that reads ``rl_args``.
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The agents' optimizers (the RL phase's learner holds them)."""
+        return self.rl_trainer.optimizers
+
+    @property
+    def reference_models(self) -> list[Reference] | None:
+        """The RL phase's frozen references (``rl_args.reference_kl_enabled``)."""
+        return self.rl_trainer.reference_models
 
     @property
     def generation_backend(self) -> GenerationBackend:

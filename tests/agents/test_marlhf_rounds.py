@@ -257,3 +257,13 @@ def test_the_rl_phase_plays_marlhfs_task_with_its_termination_threshold(tmp_path
             early_termination_threshold=0.3,
             rl_args=MAGRPOConfig(early_termination_threshold=0.5),
         )
+
+
+def test_the_optimizers_and_references_are_the_rl_phases(tmp_path):
+    rl = MAGRPOConfig(**RL, agent_learning_rate=1e-2, reference_kl_enabled=True)
+    trainer = make_trainer(tmp_path / "run", rl_args=rl)
+    assert trainer.optimizers == trainer.rl_trainer.optimizers
+    assert len(trainer.optimizers) == 2
+    assert trainer.reference_models is trainer.rl_trainer.reference_models
+    assert trainer.reference_models is not None and len(trainer.reference_models) == 2
+    trainer.close()
