@@ -15,8 +15,7 @@ minibatch for the whole team (the reference stepped it once per agent on the sam
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +34,11 @@ from cmlrl_agents.foundation.metrics import kl_turn_means
 from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import PolicyRow
 from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
-from cmlrl_agents.learning.engine import StepEngine, mean_metrics
-from cmlrl_agents.learning.learner import OptimizedLearner
+from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.optim import make_adamw
-from cmlrl_agents.learning.policy_loss import OldScores, PolicyObjective
-from cmlrl_agents.learning.policy_metrics import policy_metrics
-from cmlrl_agents.learning.policy_step import PolicyStep, round_steps
-from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
+from cmlrl_agents.learning.policy_loss import PolicyObjective
+from cmlrl_agents.learning.policy_round import PolicyLearner
+from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.value_head import ValueModel
 from cmlrl_env.core import EpisodeState
@@ -68,7 +65,7 @@ class ActorCriticBatch:
         return tuple(s.row() for agent in self.samples for s in agent)
 
 
-class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
+class ActorCriticLearner(PolicyLearner[ActorCriticConfig]):
     """Actors, critics and their optimizers; ``args`` is read at every update."""
 
     def __init__(
@@ -167,10 +164,6 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
             return f"{self._critic_prefix(c)}/{key}"
         return f"agent_{c}/critic_{key}"
 
-    def actor_groups(self) -> list[list[int]]:
-        """The actors that step together (``adapters.step_groups``)."""
-        return step_groups(self.agents)
-
     # -- the batch ------------------------------------------------------------------------------
     def critic_inputs(self, tree: RolloutTree) -> list[CriticInputs]:
         """Token ids each critic reads for each state of the tree."""
@@ -219,76 +212,27 @@ class ActorCriticLearner(OptimizedLearner[ActorCriticConfig]):
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: ActorCriticBatch) -> dict[str, float]:
         """Every actor's and separate critic's steps on ``batch``; the round's metrics."""
-        args, rows = self.args, batch.rows
         metrics = dict(batch.metrics)
         metrics.update(self._value_metrics(batch.samples))
-        objective = self.objective()
-        step = PolicyStep(
-            self.agents,
-            self.reference_models,
-            objective,
-            self.num_turns,
-            precision=self.engine.autocast,
+        # The actor-critics' name for the policy term (their value loss is apart).
+        policy = self.policy_round(
+            batch.rows,
+            batch.num_items,
+            self.objective(),
+            self.args.ppo_epochs,
+            loss_key="policy_loss",
         )
-        windows = self.parallel.windows(
-            int(self.parallel.sum(batch.num_items)), args.items_per_step
-        )
-        steps = round_steps(windows, args.ppo_epochs)
-        stale = len(steps) > 1
-        old: dict[int, OldScores] = {}
-        if stale:  # the config asks for ppo_clip_range then
-            for group in self.actor_groups():
-                mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
-                size = args.forward_batch_size
-                old.update(step.old_logprobs(group, rows, mine, size, steps[0]))
-        per_step: dict[str, list[float]] = defaultdict(list)
-        for s, slots in enumerate(steps):
-            stale_old = old if stale else None
-            self._actor_steps(step, rows, slots, stale_old, s == 0 and stale, per_step)
-            self._critic_steps(batch, slots, per_step)
-        metrics.update(mean_metrics(per_step))
+        for s, slots in enumerate(policy.steps):
+            for group in policy.groups:
+                heads = [self._head_on_actor(a) for a in group]
+                policy.step(s, group, heads if any(h is not None for h in heads) else None)
+            self._critic_steps(batch, slots, policy.per_step)
+        metrics.update(policy.metrics())
         metrics.update(kl_turn_means(metrics, len(self.agents), self.num_turns))
         return metrics
 
-    def _actor_steps(
-        self,
-        step: PolicyStep,
-        rows: tuple[PolicyRow, ...],
-        chosen: set[int],
-        old: dict[int, OldScores] | None,
-        record_old: bool,
-        per_step: dict[str, list[float]],
-    ) -> None:
-        for group in self.actor_groups():
-            window = [
-                [i for i, r in enumerate(rows) if r.agent == a and r.item_slot in chosen]
-                for a in group
-            ]
-            optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
-            heads = [self._head_on_actor(a) for a in group]
-            plan = step.plan(
-                group,
-                rows,
-                window,
-                optimizers,
-                chunk_size=self.args.forward_batch_size,
-                old=old,
-                record_old=record_old,
-                heads=heads if any(h is not None for h in heads) else None,
-            )
-            result = self.engine.step(
-                plan, max_grad_norm=self.args.max_grad_norm, schedulers=self.schedulers
-            )
-            stats = policy_metrics(
-                result.stats, result.totals, group, step.objective, self.num_turns
-            )
-            for name, values in stats.items():
-                for key, value in values.items():
-                    # The actor-critics' name for the policy term (their value loss is apart).
-                    per_step[f"{name}/{'policy_loss' if key == 'loss' else key}"].append(value)
-
     def _critic_steps(
-        self, batch: ActorCriticBatch, chosen: set[int], per_step: dict[str, list[float]]
+        self, batch: ActorCriticBatch, chosen: Collection[int], per_step: dict[str, list[float]]
     ) -> None:
         for c, critic in enumerate(self.critics):
             if critic.shared:

@@ -3,22 +3,16 @@
 ``PolicyGradientLearner.batch(tree)`` turns one round's rollout tree into a
 :class:`~cmlrl_agents.learning.batch.TrainBatch` (the tree's returns and each agent's
 sibling-group advantages: pure functions in :mod:`cmlrl_agents.learning.credit`);
-``update(batch)`` gives each agent one optimizer step per ``items_per_step`` items of the round
-through the one engine (:mod:`cmlrl_agents.learning.engine`), ``ppo_epochs`` times over, the
-loss of :mod:`cmlrl_agents.learning.policy_step`. It holds the agents' optimizers and frozen
+``update(batch)`` gives each agent one optimizer step per ``items_per_step`` items of the round,
+``ppo_epochs`` times over (:mod:`cmlrl_agents.learning.policy_round`: a round of several steps
+trains its later ones with PPO's clipped ratio to the log-probs from before the first), through
+the one engine (:mod:`cmlrl_agents.learning.engine`). It holds the agents' optimizers and frozen
 reference models; the trainer (:mod:`cmlrl_agents.algorithms.magrpo`) is only the loop around it.
-
-When a round takes several steps, its later steps train on samples of a policy that has since
-moved: every row then keeps its log-probs from before the round's first step (the first step's
-own rows from its pass, the others from a pass without gradient before it), and its loss is
-PPO's clipped ratio to them (``ppo_clip_range``). A round of one step is on-policy: the plain
-policy gradient, whose gradient the clipped form has at ratio 1 anyway.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -36,13 +30,11 @@ from cmlrl_agents.learning.credit import (
     round_metrics,
     round_stds,
 )
-from cmlrl_agents.learning.engine import StepEngine, mean_metrics
-from cmlrl_agents.learning.learner import OptimizedLearner
+from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.optim import agent_optimizers
 from cmlrl_agents.learning.policy_loss import PolicyObjective
-from cmlrl_agents.learning.policy_metrics import policy_metrics
-from cmlrl_agents.learning.policy_step import PolicyStep, round_steps
-from cmlrl_agents.policies.adapters import checkpoint_models, step_groups
+from cmlrl_agents.learning.policy_round import PolicyLearner
+from cmlrl_agents.policies.adapters import checkpoint_models
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
 from cmlrl_agents.policies.reference import Reference, reference_policies
@@ -50,7 +42,7 @@ from cmlrl_agents.policies.reference import Reference, reference_policies
 __all__ = ["PolicyGradientLearner"]
 
 
-class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
+class PolicyGradientLearner(PolicyLearner[MAGRPOConfig]):
     """Per agent: its AdamW optimizer and (with ``reference_kl_enabled``) its frozen reference.
 
     ``args`` is read at every update, so a trainer may hand a new config between rounds
@@ -121,47 +113,12 @@ class PolicyGradientLearner(OptimizedLearner[MAGRPOConfig]):
         Under torchrun the steps are those of the whole round over all ranks
         (:meth:`DataParallel.windows`): every rank takes part in each, even one without items.
         """
-        args, rows = self.args, batch.rows
-        objective = self.objective()
-        step = PolicyStep(
-            self.agents,
-            self.reference_models,
-            objective,
-            self.num_turns,
-            precision=self.engine.autocast,
-        )
-        round_items = int(self.parallel.sum(batch.num_items))
-        steps = round_steps(
-            self.parallel.windows(round_items, args.items_per_step), args.ppo_epochs
-        )
-        stale = len(steps) > 1
-        per_step: dict[str, list[float]] = defaultdict(list)
-        for group in step_groups(self.agents):
-            mine = [[i for i, r in enumerate(rows) if r.agent == a] for a in group]
-            size = args.forward_batch_size
-            old = step.old_logprobs(group, rows, mine, size, steps[0]) if stale else None
-            optimizers = {f"agent_{a}": self.optimizers[a] for a in group}
-            for s, slots in enumerate(steps):
-                indices = [[i for i in idx if rows[i].item_slot in slots] for idx in mine]
-                plan = step.plan(
-                    group,
-                    rows,
-                    indices,
-                    optimizers,
-                    chunk_size=size,
-                    old=old,
-                    record_old=stale and s == 0,
-                )
-                result = self.engine.step(
-                    plan, max_grad_norm=args.max_grad_norm, schedulers=self.schedulers
-                )
-                stats = policy_metrics(
-                    result.stats, result.totals, group, objective, self.num_turns
-                )
-                for name, values in stats.items():
-                    for key, value in values.items():
-                        per_step[f"{name}/{key}"].append(value)
-        return self._round_metrics(batch, mean_metrics(per_step))
+        epochs = self.args.ppo_epochs
+        policy = self.policy_round(batch.rows, batch.num_items, self.objective(), epochs)
+        for s in range(len(policy.steps)):
+            for group in policy.groups:
+                policy.step(s, group)
+        return self._round_metrics(batch, policy.metrics())
 
     def _round_metrics(self, batch: TrainBatch, steps: dict[str, float]) -> dict[str, float]:
         metrics = {**batch.metrics, **steps}

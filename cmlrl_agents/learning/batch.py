@@ -9,10 +9,10 @@ only read them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PolicyRow", "TrainBatch", "rows_of", "window_rows"]
+__all__ = ["PolicyRow", "TrainBatch"]
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,3 @@ class TrainBatch:
     """Items of this process's share of the round (item slots ``0 .. num_items - 1``)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Reward, return and credit metrics of the round (this process's share)."""
-
-
-def rows_of(batch: TrainBatch, agent: int) -> list[PolicyRow]:
-    """Agent ``agent``'s rows, in batch order."""
-    return [row for row in batch.rows if row.agent == agent]
-
-
-def window_rows(rows: Sequence[PolicyRow], slots: Sequence[int]) -> list[PolicyRow]:
-    """The rows of the items ``slots`` (an optimizer step's window), in row order."""
-    chosen = set(slots)
-    return [row for row in rows if row.item_slot in chosen]

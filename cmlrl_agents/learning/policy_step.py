@@ -5,7 +5,8 @@ mixed-adapter pass (``adapters.joint_pass``), any other agent as a group of one,
 agent's sampling temperature (the tempered distribution the sampler drew from, before
 top-k/top-p truncation, as TRL does). :class:`PolicyStep` plans those passes as the engine's
 chunks, declares the keys every rank sums, and takes a round's "old" log-probs before its first
-step; what each agent's scored rows cost is :mod:`cmlrl_agents.learning.policy_loss`.
+step (the round's steps: :mod:`cmlrl_agents.learning.policy_round`); what each agent's scored
+rows cost is :mod:`cmlrl_agents.learning.policy_loss`.
 """
 
 from __future__ import annotations
@@ -32,16 +33,10 @@ from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import Truncation
 from cmlrl_agents.policies.value_head import HeadCaptures, ValueModel
 
-__all__ = ["PolicyStep", "round_steps"]
+__all__ = ["PolicyStep"]
 
 Entry = tuple[int, int]
 """``(k, i)``: row ``i`` of the batch, of the group's ``k``-th agent."""
-
-
-def round_steps(windows: Sequence[Sequence[int]], epochs: int) -> list[set[int]]:
-    """A round's optimizer steps in order, each as the item slots it trains on: every window
-    of the round, ``epochs`` times over."""
-    return [set(window) for _ in range(epochs) for window in windows]
 
 
 class PolicyStep:

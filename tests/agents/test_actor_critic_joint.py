@@ -125,8 +125,8 @@ def test_iac_joint_update_equals_agent_by_agent(base_folder, tmp_path, ppo) -> N
     extra = {} if ppo else {"ppo_clip_range": None, "ppo_epochs": 1}
     shared = team(IACTrainer, iac_config(tmp_path / "a", **extra), shared=base_folder)
     separate = team(IACTrainer, iac_config(tmp_path / "b", **extra), shared=None)
-    assert shared.learner.actor_groups() == [[0, 1]]
-    assert separate.learner.actor_groups() == [[0], [1]]
+    assert shared.learner.agent_groups() == [[0, 1]]
+    assert separate.learner.agent_groups() == [[0], [1]]
     copy_adapters(shared, separate)
     tree = round_tree(shared)
     keys = [
@@ -185,7 +185,7 @@ def test_maac_adapter_agents_train_jointly_and_log(base_folder, tmp_path) -> Non
         output_dir=str(tmp_path / "run"),
     )
     trainer = team(MAACTrainer, args, shared=base_folder, critic_model=str(base_folder))
-    assert trainer.learner.actor_groups() == [[0, 1]]
+    assert trainer.learner.agent_groups() == [[0, 1]]
     base = {n: p.detach().clone() for n, p in trainer.agents[0].model.named_parameters()}
     before = [adapter_state(a) for a in trainer.agents]
     trainer.train()
@@ -206,10 +206,10 @@ def test_adapters_with_active_dropout_step_one_by_one(base_folder, tmp_path) -> 
     args = iac_config(tmp_path / "off", ppo_clip_range=None, ppo_epochs=1)
     assert team(
         IACTrainer, args, shared=base_folder, peft_config=dropout
-    ).learner.actor_groups() == [[0, 1]]
+    ).learner.agent_groups() == [[0, 1]]
     args = iac_config(tmp_path / "run", ppo_clip_range=None, ppo_epochs=1, disable_dropout=False)
     trainer = team(IACTrainer, args, shared=base_folder, peft_config=dropout)
-    assert trainer.learner.actor_groups() == [[0], [1]]
+    assert trainer.learner.agent_groups() == [[0], [1]]
     before = [adapter_state(a) for a in trainer.agents]
     metrics = trainer.learner.update(trainer.learner.batch(round_tree(trainer)))
     assert {"agent_0/policy_loss", "agent_1/value_loss"} <= set(metrics)
