@@ -27,9 +27,7 @@ from cmlrl_agents.algorithms.preference_trainer import PreferenceTrainer, prefer
 from cmlrl_agents.policies.reference import Reference
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.runs.logging import ProgressBar
-from cmlrl_agents.runs.plotting import plot_metrics
 from cmlrl_agents.runs.trainer_base import PAIR_KEYS
-from cmlrl_agents.runs.trainer_checks import resume_target, train_kwargs_error
 from cmlrl_agents.runs.trainer_keywords import TeamKeywords
 
 __all__ = ["MADPOTrainer"]
@@ -82,44 +80,36 @@ class MADPOTrainer(PreferenceTrainer[MADPOConfig, DPOLearner]):
         adapter agent its base with adapters disabled (one object per shared base)."""
         return self.learner.reference_models
 
-    def train(
-        self, resume_from_checkpoint: str | Path | bool | None = None, **unsupported: Any
-    ) -> dict[str, float]:
-        """``num_iterations`` rounds of pairs and DPO epochs; returns the last epoch's metrics.
-        ``resume_from_checkpoint`` as for every trainer (a folder, ``"latest"`` or True)."""
-        if unsupported:
-            raise train_kwargs_error(unsupported)
-        resume = resume_target(resume_from_checkpoint)
+    # -- the loop: rounds of pairs and DPO epochs (TeamTrainer.train's frame) ---------------------
+    def _check_trainable(self) -> None:
         if self.env is None and self.pairs_file is None:
             raise ValueError(
                 "MADPOTrainer was built without train_dataset or pairs_file, so train() has no "
                 "pairs to learn from; pass train_dataset=... (with a pair source) or pairs_file=."
             )
-        self._start_run(resume)
+
+    def _progress(self) -> tuple[int | None, int]:
+        return self.args.num_iterations, self.epoch
+
+    def _train_loop(self, progress: ProgressBar) -> dict[str, float]:
+        """``num_iterations`` rounds of pairs and DPO epochs, then an evaluation; the last
+        epoch's metrics."""
         args = self.args
         last: dict[str, float] = {}
-        progress = ProgressBar(args.num_iterations, verbose=self.logger.verbose, desc="madpo")
-        progress.update(self.epoch)
         while self.epoch < args.num_iterations:
             if self.epoch_position < args.num_train_epochs:
                 last = self._train_iteration(self.epoch) or last
             self.epoch += 1
             self.epoch_position = 0
             progress.update(1, postfix={k: last[k] for k in ("loss",) if k in last})
-        progress.close()
         if args.eval_interval:
-            self.evaluate()
-        self.logger.flush()
-        if args.save_steps:
-            self.save_checkpoint()
-        if self.logger.history and self.parallel.is_main:
-            plot_metrics(self.run_dir)
+            self.evaluate_during_training()
         return last
 
     def _train_iteration(self, k: int) -> dict[str, float]:
         if self.epoch_position == 0:
             if self.eval_due(k):
-                self.evaluate()
+                self.evaluate_during_training()
             pairs = self.round_pairs(k)
         else:  # resumed inside the round: its pairs as built then
             pairs = self.saved_pairs(k)

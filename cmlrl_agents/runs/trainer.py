@@ -56,17 +56,32 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
         if unsupported:  # comlrl scripts pass checkpoint_dir=... or generate kwargs here
             raise train_kwargs_error(unsupported)
         resume = resume_target(resume_from_checkpoint)
+        self._check_trainable()
+        self._start_run(resume)
+        total, done = self._progress()
+        progress = ProgressBar(total, verbose=self.logger.verbose, desc=self.algorithm)
+        progress.update(done)
+        last = self._train_loop(progress)
+        progress.close()
+        self._end_run()
+        return last
+
+    # -- what a family may replace: the check, the progress and the loop --------------------------
+    def _check_trainable(self) -> None:
         if self.env is None:
             raise ValueError(
                 f"{type(self).__name__} was built without train_dataset, so train() has no "
                 "items to train on (it can evaluate and save_model). Build it with "
                 "train_dataset=... and reward_func=... to train."
             )
-        self._start_run(resume)
-        progress = ProgressBar(
-            self._total_items(), verbose=self.logger.verbose, desc=self.algorithm
-        )
-        progress.update(self.items_seen)
+
+    def _progress(self) -> tuple[int | None, int]:
+        """The progress bar's total (None: unknown) and what a resumed run has done of it."""
+        return self._total_items(), self.items_seen
+
+    def _train_loop(self, progress: ProgressBar) -> dict[str, float]:
+        """Every round of the run: ``num_train_epochs`` passes over the training items in
+        rounds of ``_items_per_round()``, each evaluated when due; the last round's metrics."""
         last: dict[str, float] = {}
         while self.epoch < self.args.num_train_epochs:
             for items in self._rounds(self.epoch_position):
@@ -77,8 +92,6 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
                 progress.update(len(items), postfix=reward_postfix(last, self.num_turns))
             self.epoch += 1
             self.epoch_position = 0
-        progress.close()
-        self._end_run()
         return last
 
     def _train_round(self, items: list[IndexedItem]) -> tuple[dict[str, float], int]:

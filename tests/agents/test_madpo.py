@@ -262,3 +262,29 @@ def test_each_round_generates_after_the_backend_synced_the_last_rounds_update(tm
     trainer.train()
     # Round 0's pairs before any update, round 1's after round 0's sync; one sync per round.
     assert sorted(set(spy.calls)) == [0, 1] and spy.syncs == 2
+
+
+def test_the_best_model_is_kept_and_loaded_at_the_end(tmp_path):
+    trainer = make_trainer(
+        tmp_path,
+        num_iterations=3,
+        eval_interval=1,
+        save_best_by="eval/turn_1/reward_mean",
+        load_best_model_at_end=True,
+    )
+    seen = []
+    evaluate = trainer.evaluate_items
+
+    def record(n):
+        metrics = evaluate(n)
+        seen.append((metrics["eval/turn_1/reward_mean"], weights(trainer)))
+        return metrics
+
+    trainer.evaluate_items = record
+    trainer.train()
+    assert len(seen) == 4  # before each of the 3 rounds, then the end
+    best_value, best_weights = max(seen, key=lambda pair: pair[0])  # the first of equal maxima
+    assert trainer.best_metric == best_value
+    for now, best in zip(weights(trainer), best_weights, strict=True):
+        assert all(torch.equal(now[k], best[k]) for k in now)
+    assert (tmp_path / "run" / "best").is_dir()
