@@ -157,6 +157,12 @@ class MARLHFConfig(PreferenceConfig):
                 "of its own; its RL phase places its references with "
                 "rl_args.reference_devices (with rl_args.reference_kl_enabled=True)."
             )
+        if self.save_best_by is not None or self.load_best_model_at_end:
+            raise ValueError(
+                f"save_best_by={self.save_best_by!r}, load_best_model_at_end="
+                f"{self.load_best_model_at_end!r}: MARLHF's evaluations are its RL phase's; set "
+                "them on rl_args (e.g. MAGRPOConfig(save_best_by=...))."
+            )
 
     def _check_rl_args(self) -> None:
         config_class = RL_CONFIGS[self.rl_algorithm]

@@ -195,6 +195,10 @@ def test_bad_rl_configs_are_refused():
         MARLHFConfig(num_iterations=0)
     with pytest.raises(ValueError, match="places its references with rl_args.reference_devices"):
         MARLHFConfig(reference_devices="cpu")
+    with pytest.raises(
+        ValueError, match="MARLHF's evaluations are its RL phase's; set them on rl_args"
+    ):
+        MARLHFConfig(save_best_by="eval/turn_1/reward_mean")
 
 
 def test_adapter_agents_train_in_the_rl_phase_over_one_base_and_the_reward_model_stays_apart(
