@@ -66,6 +66,9 @@ class PolicyRound:
         self.chunk_size: int | None = learner.args.forward_batch_size
         self.per_step: dict[str, list[float]] = defaultdict(list)
         """Each metric's value at every step so far."""
+        self._agent_rows: dict[int, list[int]] = defaultdict(list)
+        for i, row in enumerate(rows):
+            self._agent_rows[row.agent].append(i)
         self.old: dict[int, OldScores] | None = None
         """Every row's log-probs before the round's first step, when it has later ones."""
         if len(steps) > 1:
@@ -83,7 +86,7 @@ class PolicyRound:
 
     def _rows_of(self, group: Sequence[int]) -> list[list[int]]:
         """Per agent of ``group``: the indices of its rows."""
-        return [[i for i, r in enumerate(self.rows) if r.agent == a] for a in group]
+        return [self._agent_rows[a] for a in group]
 
     def step(
         self, s: int, group: Sequence[int], heads: Sequence[ValueModel | None] | None = None

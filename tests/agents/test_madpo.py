@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+from test_run_invariants import assert_identical, record_evaluations
+from test_run_invariants import weights as all_weights
 
 from cmlrl_agents import MADPOConfig, MADPOIterConfig, MADPOTrainer
 from cmlrl_agents.algorithms.preference_pairs import load_pairs, save_pairs
@@ -272,19 +274,10 @@ def test_the_best_model_is_kept_and_loaded_at_the_end(tmp_path):
         save_best_by="eval/turn_1/reward_mean",
         load_best_model_at_end=True,
     )
-    seen = []
-    evaluate = trainer.evaluate_items
-
-    def record(n):
-        metrics = evaluate(n)
-        seen.append((metrics["eval/turn_1/reward_mean"], weights(trainer)))
-        return metrics
-
-    trainer.evaluate_items = record
+    seen = record_evaluations(trainer)
     trainer.train()
     assert len(seen) == 4  # before each of the 3 rounds, then the end
     best_value, best_weights = max(seen, key=lambda pair: pair[0])  # the first of equal maxima
     assert trainer.best_metric == best_value
-    for now, best in zip(weights(trainer), best_weights, strict=True):
-        assert all(torch.equal(now[k], best[k]) for k in now)
+    assert_identical(all_weights(trainer), best_weights)
     assert (tmp_path / "run" / "best").is_dir()

@@ -35,6 +35,20 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
         assert torch.equal(a[name], b[name]), name
 
 
+def record_evaluations(trainer, key: str = "eval/turn_1/reward_mean") -> list:
+    """Wrap ``trainer.evaluate_items``: each evaluation's ``key`` and the weights it saw."""
+    seen: list[tuple[float, dict[str, torch.Tensor]]] = []
+    evaluate = trainer.evaluate_items
+
+    def record(n):
+        metrics = evaluate(n)
+        seen.append((metrics[key], weights(trainer)))
+        return metrics
+
+    trainer.evaluate_items = record
+    return seen
+
+
 def test_evaluation_changes_no_weight(tmp_path) -> None:
     runs = []
     for interval in (0, 2, 3):
@@ -163,15 +177,7 @@ def test_the_best_model_is_kept_and_loaded_at_the_end(tmp_path) -> None:
         save_best_by="eval/turn_1/reward_mean",
         load_best_model_at_end=True,
     )
-    seen = []
-    evaluate = trainer.evaluate_items
-
-    def record(n):
-        metrics = evaluate(n)
-        seen.append((metrics["eval/turn_1/reward_mean"], weights(trainer)))
-        return metrics
-
-    trainer.evaluate_items = record
+    seen = record_evaluations(trainer)
     trainer.train()
     best_value, best_weights = max(seen, key=lambda pair: pair[0])  # the first of equal maxima
     assert trainer.best_metric == best_value
