@@ -44,6 +44,12 @@ def main() -> None:
         help="default: the library's (chosen in benchmarks/learning.py)",
     )
     parser.add_argument(
+        "--lr-scheduler-type",
+        default=MAGRPOConfig.lr_scheduler_type,
+        choices=["constant", "linear", "cosine"],
+        help="the learning rate's shape over the run (default: the library's)",
+    )
+    parser.add_argument(
         "--eval-repeats",
         type=int,
         default=8,
@@ -70,6 +76,7 @@ def main() -> None:
         num_train_epochs=args.epochs,
         max_new_tokens=args.max_new_tokens,
         agent_learning_rate=args.learning_rate,
+        lr_scheduler_type=args.lr_scheduler_type,
         eval_interval=len(train_dataset),  # before each epoch
         eval_num_samples=len(eval_dataset),
         eval_batch_size=len(eval_dataset),
