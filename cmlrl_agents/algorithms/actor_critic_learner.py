@@ -32,7 +32,7 @@ from cmlrl_agents.algorithms.actor_critic_rollouts import (
 from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.foundation.metrics import kl_turn_means
 from cmlrl_agents.foundation.rollout import RolloutTree
-from cmlrl_agents.learning.batch import PolicyRow
+from cmlrl_agents.learning.batch import PolicyRow, Windows, check_windows
 from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
 from cmlrl_agents.learning.engine import StepEngine
 from cmlrl_agents.learning.optim import make_adamw
@@ -50,14 +50,17 @@ __all__ = ["ActorCriticBatch", "ActorCriticLearner"]
 class ActorCriticBatch:
     """One round as the learner trains on it (its tree read once, by ``batch``)."""
 
-    num_items: int
-    """Items of this process's share of the round (item slots ``0 .. num_items - 1``)."""
+    windows: Windows
+    """The item slots of each optimizer step of one pass over the round (``batch.Windows``)."""
     metrics: Mapping[str, float]
     """Reward, return and completion metrics of the round (this process's share)."""
     inputs: list[CriticInputs]
     """Per critic: the token ids it reads for each state of the tree."""
     samples: list[list[RolloutSample]]
     """Per agent: its samples with values, GAE advantages and returns."""
+
+    def __post_init__(self) -> None:
+        check_windows(self.windows, {s.item_slot for agent in self.samples for s in agent})
 
     @property
     def rows(self) -> tuple[PolicyRow, ...]:
@@ -206,7 +209,10 @@ class ActorCriticLearner(PolicyLearner[ActorCriticConfig]):
         samples = self.rollouts(tree, normalize=self.args.advantage_normalization, inputs=inputs)
         metrics = round_metrics(tree, joint_returns(tree, self.args.discount))
         return ActorCriticBatch(
-            num_items=len(tree.items), metrics=metrics, inputs=inputs, samples=samples
+            windows=self.windows(len(tree.items)),
+            metrics=metrics,
+            inputs=inputs,
+            samples=samples,
         )
 
     # -- the update -----------------------------------------------------------------------------
@@ -217,7 +223,7 @@ class ActorCriticLearner(PolicyLearner[ActorCriticConfig]):
         # The actor-critics' name for the policy term (their value loss is apart).
         policy = self.policy_round(
             batch.rows,
-            batch.num_items,
+            batch.windows,
             self.objective(),
             self.args.ppo_epochs,
             loss_key="policy_loss",

@@ -104,17 +104,17 @@ class PolicyGradientLearner(PolicyLearner[MAGRPOConfig]):
             for a in range(tree.num_agents):
                 key = f"agent_{a}/" + turn_key(level.turn, "expected_return")
                 metrics[key] = float(returns[:, a].mean())
-        return TrainBatch(tuple(rows), len(tree.items), metrics)
+        return TrainBatch(tuple(rows), self.windows(len(tree.items)), metrics)
 
     # -- the update -----------------------------------------------------------------------------
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """Every agent's steps on ``batch``; the round's metrics.
 
-        Under torchrun the steps are those of the whole round over all ranks
-        (:meth:`DataParallel.windows`): every rank takes part in each, even one without items.
+        Under torchrun the steps are those of the whole round over all ranks (the batch's
+        windows): every rank takes part in each, even one without items.
         """
         epochs = self.args.ppo_epochs
-        policy = self.policy_round(batch.rows, batch.num_items, self.objective(), epochs)
+        policy = self.policy_round(batch.rows, batch.windows, self.objective(), epochs)
         for s in range(len(policy.steps)):
             for group in policy.groups:
                 policy.step(s, group)

@@ -1,7 +1,8 @@
 """A round's policy steps, the one loop of the MAGRPO family and the actor-critics.
 
-A round's rows are stepped on in windows of ``items_per_step`` items (over every rank's items
-under torchrun: :meth:`DataParallel.windows`), ``ppo_epochs`` times over (:func:`round_steps`).
+A round's rows are stepped on in the windows its batch carries (``items_per_step`` items of
+every rank's items under torchrun: :meth:`PolicyLearner.windows`), ``ppo_epochs`` times over
+(:func:`round_steps`).
 When that makes more than one step, the later ones train on samples of a policy that has since
 moved, so every row keeps its log-probs from before the first step and the loss compares with
 them (PPO's clipped ratio); :class:`PolicyRound` takes them once, then runs each step of each
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from cmlrl_agents.foundation.distributed import DataParallel
-from cmlrl_agents.learning.batch import PolicyRow
+from cmlrl_agents.learning.batch import PolicyRow, Windows
 from cmlrl_agents.learning.engine import StepEngine, mean_metrics
 from cmlrl_agents.learning.learner import C, OptimizedLearner
 from cmlrl_agents.learning.policy_loss import OldScores, PolicyObjective
@@ -149,19 +150,24 @@ class PolicyLearner(OptimizedLearner[C]):
             precision=self.engine.autocast,
         )
 
+    def windows(self, num_items: int) -> Windows:
+        """The item slots of each optimizer step of one pass over a round of which this process
+        holds ``num_items`` items: windows of ``items_per_step`` items of the whole round (an
+        all-reduce under torchrun, where a window may hold none of this rank's items)."""
+        round_items = int(self.parallel.sum(num_items))
+        windows = self.parallel.windows(round_items, self.args.items_per_step)
+        return tuple(tuple(window) for window in windows)
+
     def policy_round(
         self,
         rows: Sequence[PolicyRow],
-        num_items: int,
+        windows: Windows,
         objective: PolicyObjective,
         epochs: int,
         *,
         loss_key: str = "loss",
     ) -> PolicyRound:
-        """The round's steps with ``objective``'s loss over ``rows`` of this process's
-        ``num_items`` items: every window of ``items_per_step`` items of the whole round,
-        ``epochs`` times over (every rank takes part in each step, even one without items)."""
-        round_items = int(self.parallel.sum(num_items))
-        windows = self.parallel.windows(round_items, self.args.items_per_step)
+        """The round's steps with ``objective``'s loss over ``rows``: every window, ``epochs``
+        times over (every rank takes part in each step, even one without items)."""
         steps = round_steps(windows, epochs)
         return PolicyRound(self, self.policy_step(objective), rows, steps, loss_key=loss_key)

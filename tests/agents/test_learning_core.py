@@ -208,10 +208,29 @@ def test_a_step_adds_the_kl_per_token_of_the_agent_at_its_temperature(tmp_path) 
         ref = sequence_logprobs(reference, batch, temperature=0.8)
     d = torch.where(batch.completion_mask.bool(), ref - lp, 0.0)
     k3 = torch.exp(d) - d - 1
-    metrics = trainer.learner.update(TrainBatch(tuple(rows), num_items=2))
+    metrics = trainer.learner.update(TrainBatch(tuple(rows), trainer.learner.windows(2)))
     # advantage 0: the loss is the KL term alone, a mean over the step's 4 completion tokens
     assert metrics["agent_0/loss"] == pytest.approx(0.5 * k3.sum().item() / 4, rel=1e-5)
     assert metrics["turn_1/reference_kl_mean"] == pytest.approx(k3.sum().item() / 2, rel=1e-5)
+
+
+def test_a_batch_refuses_windows_that_are_not_its_items_once_each() -> None:
+    rows = two_rows()  # item slots 0 and 1
+    assert TrainBatch(rows, ((0,), (1,))).num_items == 2
+    assert TrainBatch(rows, ((0, 1), ())).num_items == 2  # a rank without items in a step
+    with pytest.raises(ValueError, match=r"windows=\(\(0, 1\), \(1,\)\) must hold each"):
+        TrainBatch(rows, ((0, 1), (1,)))
+    with pytest.raises(ValueError, match=r"rows of item slots \[1\] are in no window"):
+        TrainBatch(rows, ((0,),))
+
+
+def test_the_update_steps_on_the_batchs_windows_not_a_recut_of_the_config(tmp_path) -> None:
+    trainer = make_trainer(tmp_path, num_agents=1, rollout_buffer_size=2, train_batch_size=2)
+    assert trainer.learner.windows(2) == ((0, 1),)  # the config's cut: one step
+    n = len(list(trainer.agents[0].model.parameters()))
+    grads = record_step_gradients(trainer.learner.optimizers[0])
+    trainer.learner.update(TrainBatch(two_rows(), ((0,), (1,))))
+    assert len(grads) == 2 * n  # the batch's two windows: two optimizer steps
 
 
 def test_later_steps_of_a_round_use_the_clipped_ratio_to_the_rows_before_the_round(tmp_path):
@@ -229,7 +248,7 @@ def test_later_steps_of_a_round_use_the_clipped_ratio_to_the_rows_before_the_rou
     before = copy.deepcopy(model)
     rows = two_rows()
     grads = record_step_gradients(trainer.learner.optimizers[0])
-    metrics = trainer.learner.update(TrainBatch(rows, num_items=2))
+    metrics = trainer.learner.update(TrainBatch(rows, trainer.learner.windows(2)))
     n = len(list(model.parameters()))
     second = grads[n:]  # the second step's gradients (item 1), taken after the first step
     # The second step's loss by hand: PPO's clipped surrogate against item 1's log-probs
@@ -277,7 +296,7 @@ def test_ppo_epochs_steps_the_round_again_against_the_log_probs_its_first_step_s
         policy_step, "joint_pass", lambda *a, **k: passes.append(1) or scoring(*a, **k)
     )
     grads = record_step_gradients(trainer.learner.optimizers[0])
-    metrics = trainer.learner.update(TrainBatch(rows, num_items=2))
+    metrics = trainer.learner.update(TrainBatch(rows, trainer.learner.windows(2)))
     # One pass per step: the first step's pass gives the rows' old log-probs, no pass of its own.
     assert len(passes) == 2
     n = len(list(model.parameters()))
@@ -337,7 +356,7 @@ def test_bf16_runs_the_losss_forwards_in_bfloat16_and_keeps_the_weights_float32(
         seen: set[torch.dtype] = set()
         linear = next(m for m in model.modules() if isinstance(m, nn.Linear))
         hook = linear.register_forward_hook(lambda m, i, out, seen=seen: seen.add(out.dtype))
-        metrics = trainer.learner.update(TrainBatch(two_rows(), num_items=2))
+        metrics = trainer.learner.update(TrainBatch(two_rows(), trainer.learner.windows(2)))
         hook.remove()
         assert seen == ({torch.bfloat16} if bf16 else {torch.float32})
         assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -363,7 +382,7 @@ def test_under_bf16_a_stale_steps_ratio_is_one_before_the_policy_moves(tmp_path)
         agent_learning_rate=1e-12,
         reference_kl_enabled=False,
     )
-    metrics = trainer.learner.update(TrainBatch(two_rows(), num_items=2))
+    metrics = trainer.learner.update(TrainBatch(two_rows(), trainer.learner.windows(2)))
     assert metrics["agent_0/ratio_max"] == pytest.approx(1.0, abs=1e-6)
 
 
@@ -408,7 +427,7 @@ def tis_gradient(
         sampler_logprobs=tuple(reported.tolist()),
     )
     grads = record_step_gradients(learner.optimizers[0])
-    learner.update(TrainBatch((row,), num_items=1))
+    learner.update(TrainBatch((row,), learner.windows(1)))
     return grads
 
 

@@ -188,8 +188,8 @@ def record_step_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor
     return grads
 
 
-def one_agent_batch(rows: list[PolicyRow]) -> TrainBatch:
-    return TrainBatch(tuple(rows), num_items=len({r.item_slot for r in rows}))
+def one_agent_batch(learner, rows: list[PolicyRow]) -> TrainBatch:
+    return TrainBatch(tuple(rows), learner.windows(len({r.item_slot for r in rows})))
 
 
 @pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
@@ -205,7 +205,7 @@ def test_forward_chunks_give_the_same_update_as_one_batch(tmp_path, aggregation)
             tmp_path, num_agents=1, forward_batch_size=chunk, loss_aggregation=aggregation
         )
         grads = record_step_gradients(trainer.learner.optimizers[0])
-        stats = trainer.learner.update(one_agent_batch(rows))
+        stats = trainer.learner.update(one_agent_batch(trainer.learner, rows))
         results.append((stats["loss"], grads))
     # The gradients each step applies are compared: Adam scales a near-zero gradient's float
     # noise up to a step of about the learning rate.
@@ -257,7 +257,7 @@ def test_forward_chunks_give_the_same_reference_kl_stats(tmp_path):
         )
         with torch.no_grad():  # move the policy away from its reference
             next(trainer.agents[0].model.parameters()).add_(0.05)
-        stats.append(trainer.learner.update(one_agent_batch(rows)))
+        stats.append(trainer.learner.update(one_agent_batch(trainer.learner, rows)))
     assert stats[0]["turn_2/reference_kl_mean"] > 0.0
     for got in stats[1:]:
         for key in ("loss", "turn_1/reference_kl_mean", "turn_2/reference_kl_mean"):

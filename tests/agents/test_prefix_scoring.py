@@ -201,7 +201,7 @@ def _learner_step(prefix_sharing: bool) -> dict[str, torch.Tensor]:
         )
         for g in range(4)
     ]
-    learner.update(TrainBatch(tuple(rows), num_items=1))
+    learner.update(TrainBatch(tuple(rows), learner.windows(1)))
     return {n: p.detach().clone() for n, p in agent.model.named_parameters()}
 
 
