@@ -72,7 +72,7 @@ def _round_seed(seed: int | None, round_index: int) -> int | None:
     return None if seed is None else seed + round_index
 
 
-class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
+class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner[Any]]):
     """Reward model from preferences, then RL on it (SPEC §4–§5); see the module docstring.
 
     The team and task as for every trainer (``**team``: ``agent_model=`` or ``agents=``,
@@ -127,7 +127,7 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner]):
             pairs_file=pairs_file,
         )
         self.reward_model = self._reward_model(reward_model, agent_model)
-        self.reward_learner: UpdateLearner[RewardFit] = RewardModelLearner(
+        self.reward_learner: UpdateLearner[RewardFitArgs, RewardFit] = RewardModelLearner(
             self.reward_model, reward_fit_args(args)
         )
         """The reward model's learner: one update (a Bradley-Terry fit) per round."""

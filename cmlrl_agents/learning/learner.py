@@ -24,15 +24,18 @@ if TYPE_CHECKING:
 
 __all__ = ["Learner", "OptimizedLearner", "RoundLearner", "UpdateLearner"]
 
+A = TypeVar("A")
 B = TypeVar("B")
 B_contra = TypeVar("B_contra", contravariant=True)
 C = TypeVar("C", bound=SharedConfig)
 
 
-class Learner(Protocol):
-    """What a trainer's loop and its checkpoints need of its learner."""
+class Learner(Protocol[A]):
+    """What a trainer's loop and its checkpoints need of its learner, whose config is an ``A``
+    (a trainer's config for the trainers' learners, ``RewardFitArgs`` for the reward model)."""
 
-    args: Any
+    args: A
+    """The config, read at every update (a trainer hands its new one on: ``trainer.args = ``)."""
     schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR]
 
     @property
@@ -58,7 +61,7 @@ class Learner(Protocol):
         ...
 
 
-class UpdateLearner(Learner, Protocol[B_contra]):
+class UpdateLearner(Learner[A], Protocol[A, B_contra]):
     """A learner that takes every optimizer step of one batch ``B``."""
 
     def update(self, batch: B_contra) -> dict[str, float]:
@@ -66,7 +69,7 @@ class UpdateLearner(Learner, Protocol[B_contra]):
         ...
 
 
-class RoundLearner(UpdateLearner[B], Protocol[B]):
+class RoundLearner(UpdateLearner[A, B], Protocol[A, B]):
     """A learner that trains on a round's rollout tree at once (the MAGRPO family's and the
     actor-critics'): its batch (the rows with their credit, what the update reads), then
     every optimizer step of it."""

@@ -64,7 +64,7 @@ class Checkpointer:
     def save(
         self,
         name: int,
-        learner: Learner,
+        learner: Learner[Any],
         state: dict[str, Any],
         *,
         keep_last: int | None,
@@ -118,7 +118,7 @@ class Checkpointer:
     def load(
         self,
         path: Path,
-        learner: Learner,
+        learner: Learner[Any],
         check: Callable[[dict[str, Any]], None],
         *,
         weights_only: bool = False,

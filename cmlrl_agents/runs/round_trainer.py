@@ -16,7 +16,7 @@ from cmlrl_agents.runs.trainer import IndexedItem, TeamTrainer
 __all__ = ["RoundTrainer"]
 
 RoundConfigT = TypeVar("RoundConfigT", bound=SharedConfig)
-RoundLearnerT = TypeVar("RoundLearnerT", bound=RoundLearner[Any])
+RoundLearnerT = TypeVar("RoundLearnerT", bound=RoundLearner[Any, Any])
 
 
 class RoundTrainer(TeamTrainer[RoundConfigT, RoundLearnerT]):

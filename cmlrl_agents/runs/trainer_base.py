@@ -54,7 +54,7 @@ TRAIN_KEYS, EVAL_KEYS, PAIR_KEYS = 1, 2, 3
 
 ConfigT = TypeVar("ConfigT", bound=SharedConfig)
 """A trainer's config class (``MAGRPOConfig``, ...): the type of ``trainer.args``."""
-LearnerT = TypeVar("LearnerT", bound=Learner)
+LearnerT = TypeVar("LearnerT", bound=Learner[Any])
 """A trainer's learner class: the type of ``trainer.learner``."""
 
 
