@@ -148,7 +148,7 @@ class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
     def _before_update(self, tree: RolloutTree) -> None:
         args = self.args
         plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
-        if plot and self.parallel.is_main:
+        if plot:  # every rank: the view may sum the round's return moments over ranks
             self.save_tree(tree)
         self.rounds += 1
 
@@ -187,7 +187,9 @@ class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
     def save_tree(self, tree: RolloutTree) -> dict[str, Path]:
         """Draw the first item of ``tree`` with this trainer's return and advantage settings
         into ``run_dir/trees/env_step-<E>`` (``.json``, ``.html`` and, unless the tree is too big
-        for one image, ``.png``); returns the paths by suffix."""
+        for one image, ``.png``); returns the paths by suffix. Under data parallel every rank
+        calls it (with ``advantage_normalization="batch"`` the view's std is the whole round's,
+        one all-reduce) and rank 0 writes; the others return ``{}``."""
         args = self.args
         view = rollout_tree_view(
             tree,
@@ -195,7 +197,10 @@ class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
             advantage_mode=args.advantage_mode,
             advantage_normalization=args.advantage_normalization,
             env_step=self.env_step,
+            sum_over_ranks=self.parallel.sum_vector,
         )
+        if not self.parallel.is_main:
+            return {}
         return save_rollout_tree(view, self.run_dir / "trees" / f"env_step-{self.env_step:06d}")
 
 

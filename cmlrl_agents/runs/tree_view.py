@@ -14,6 +14,7 @@ trainer writes to ``run_dir/trees/`` and what ``cmlrl plot`` draws again.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -182,13 +183,15 @@ def rollout_tree_view(
     advantage_mode: str = "mean",
     advantage_normalization: bool | str = True,
     env_step: int | None = None,
+    sum_over_ranks: Callable[[list[float]], list[float]] | None = None,
 ) -> TreeView:
     """The view of item ``item_slot`` (its position in the round's batch) of ``tree``.
 
     ``discount``, ``advantage_mode`` and ``advantage_normalization`` are the trainer's settings
     (``MAGRPOConfig`` fields); the defaults are MAGRPO's. With "batch" the std is over this
-    tree's round (under data parallel: this rank's share of it, so the view may differ a little
-    from what the update trained on).
+    tree's round; when the round is split across ranks, ``sum_over_ranks`` (the trainer's
+    ``parallel.sum_vector``, an all-reduce every rank must join) makes it the whole round's, as
+    the update trained on (``credit.round_stds``).
     """
     if isinstance(item_slot, bool) or not isinstance(item_slot, int):
         raise TypeError(f"item_slot must be an int, got {item_slot!r}.")
@@ -206,7 +209,7 @@ def rollout_tree_view(
     nodes: list[TreeNode] = []
     ids: dict[int, int] = {}  # the previous level's flat joint-action index -> node id
     scale = advantage_scale(advantage_normalization)
-    stds = round_stds(credit, scale, tree.num_agents, tree.num_turns)
+    stds = round_stds(credit, scale, tree.num_agents, tree.num_turns, sum_over_ranks)
     by_agent = [
         sibling_advantages(credit, a, advantage_mode, scale, None if stds is None else stds[a])
         for a in range(tree.num_agents)

@@ -105,6 +105,7 @@ def build(spec: dict[str, Any], out: Path) -> Any:
             rollout_buffer_size=4,
             loss_aggregation=spec.get("loss_aggregation", "token_mean"),
             advantage_normalization=spec.get("advantage_normalization", True),
+            tree_plot_interval=spec.get("tree_plot_interval", 0),
         )
         num_eval = spec.get("eval_items", 0)
         if num_eval:  # evaluated at items 0 and 4 of the epoch, and once more at the end

@@ -142,8 +142,8 @@ def test_batch_std_scaling_divides_by_the_rounds_std_over_every_rank(tmp_path) -
     its own share's std would scale its advantages, and so its loss, otherwise."""
     group, single, parallel = tmp_path / "group", tmp_path / "single", tmp_path / "parallel"
     _launch(group, 1)
-    _launch(single, 1, advantage_normalization="batch")
-    _launch(parallel, 2, advantage_normalization="batch")
+    _launch(single, 1, advantage_normalization="batch", tree_plot_interval=1)
+    _launch(parallel, 2, advantage_normalization="batch", tree_plot_interval=1)
     ranks = [_params(parallel, r) for r in (0, 1)]
     for name, value in ranks[0].items():
         assert torch.equal(ranks[1][name], value), name
@@ -154,6 +154,19 @@ def test_batch_std_scaling_divides_by_the_rounds_std_over_every_rank(tmp_path) -
     # Each state's own std trains otherwise: the comparison sees the scaling.
     by_group = _state(group, 0)["last"]
     assert abs(by_group["loss"] - one["loss"]) > 1e-2 * abs(one["loss"])
+    # The drawn tree (rank 0's first item, the round's first) shows the advantages trained on:
+    # the whole round's std, not rank 0's share's.
+    trees = sorted((parallel / "run" / "trees").glob("*.json"))
+    assert trees and [t.name for t in trees] == [
+        t.name for t in sorted((single / "run" / "trees").glob("*.json"))
+    ]
+    drawn, want = [], []
+    for tree in trees:
+        drawn += [a for n in json.loads(tree.read_text())["nodes"] for a in n["advantages"]]
+        nodes = json.loads((single / "run" / "trees" / tree.name).read_text())["nodes"]
+        want += [a for n in nodes for a in n["advantages"]]
+    assert any(abs(a) > 0.1 for a in want)
+    assert drawn == pytest.approx(want, abs=1e-6)
 
 
 def test_metrics_are_aggregated_over_ranks_and_files_written_by_rank_0_only(runs) -> None:
