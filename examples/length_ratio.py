@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from cmlrl_agents import MAGRPOConfig, MAGRPOTrainer
+from cmlrl_agents.foundation.config import LR_SCHEDULER_TYPES
 from cmlrl_agents.runs.plotting import plot_metrics
 from cmlrl_env import tasks
 
@@ -46,7 +47,7 @@ def main() -> None:
     parser.add_argument(
         "--lr-scheduler-type",
         default=MAGRPOConfig.lr_scheduler_type,
-        choices=["constant", "linear", "cosine"],
+        choices=LR_SCHEDULER_TYPES,
         help="the learning rate's shape over the run (default: the library's)",
     )
     parser.add_argument(
