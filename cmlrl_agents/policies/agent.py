@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cmlrl_agents.policies.decode_layout import decode_layout
+
 # Re-exported: model-file conversion lives in gguf.py, the names stay importable from here.
 from cmlrl_agents.policies.gguf import SMOLLM2_GGUF, convert_gguf, default_cache_dir, smollm2_path
 from cmlrl_agents.policies.logprobs import Temperature, TokenScores
@@ -294,6 +296,7 @@ class LLMAgent:
             eval_mode(self.model),
             torch.inference_mode(),
             only_our_generation_settings(self.model),
+            decode_layout(self.model),
         ):
             # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
             generated = self.model.generate(  # type: ignore[operator]

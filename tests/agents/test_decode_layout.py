@@ -1,0 +1,92 @@
+"""Decoding with ``[in, out]`` copies of the linear weights: the same products for few rows,
+nn.Linear's own path for many, every layer as it was afterwards, and the same sampled tokens."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from torch import nn
+
+from cmlrl_agents.policies import agent as agent_module
+from cmlrl_agents.policies import decode_layout as layout
+from cmlrl_agents.policies.agent import SamplingConfig
+from cmlrl_agents.policies.sampling import row_key
+from cmlrl_agents.testing import tiny_agent
+
+
+def _layer(bias: bool = True) -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(12, 20, bias=bias)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_few_rows_use_the_copy_taken_on_entry_and_many_rows_the_layer_itself(bias: bool) -> None:
+    layer = _layer(bias)
+    few = torch.randn(3, 1, 12)  # 3 decoding rows
+    many = torch.randn(layout.DECODE_ROWS + 1, 12)
+    before_few, before_many = layer(few), layer(many)
+    with torch.no_grad(), layout.decode_layout(layer):
+        assert "forward" in vars(layer)
+        torch.testing.assert_close(layer(few), before_few)
+        torch.testing.assert_close(layer(many), before_many, rtol=0, atol=0)
+        # The copy was taken on entry: a change of the weight inside reaches only the
+        # many-row path (nn.Linear's), which is why the block is for inference only.
+        layer.weight.add_(1.0)
+        torch.testing.assert_close(layer(few), before_few)
+        assert not torch.allclose(layer(many), before_many)
+    assert "forward" not in vars(layer)
+    torch.testing.assert_close(layer(few), nn.functional.linear(few, layer.weight, layer.bias))
+
+
+def test_every_layer_is_restored_when_the_block_raises() -> None:
+    model = nn.Sequential(_layer(), nn.ReLU(), nn.Linear(20, 4))
+    with pytest.raises(RuntimeError, match="inside"), layout.decode_layout(model):
+        assert all("forward" in vars(m) for m in model if isinstance(m, nn.Linear))
+        raise RuntimeError("inside")
+    assert not any("forward" in vars(m) for m in model)
+
+
+def test_layers_it_was_not_measured_on_or_must_not_wrap_are_left_alone() -> None:
+    class Special(nn.Linear):
+        """A subclass (a quantised layer, say) computes something else."""
+
+    hooked = _layer()
+    hook = hooked.forward  # an instance forward, as accelerate's hooks set one
+    hooked.forward = hook  # type: ignore[method-assign]
+    half = _layer().to(torch.bfloat16)
+    special = Special(12, 20)
+    plain = _layer()
+    model = nn.ModuleList([hooked, half, special, plain])
+    with layout.decode_layout(model):
+        assert vars(hooked)["forward"] is hook
+        assert "forward" not in vars(half) and "forward" not in vars(special)
+        assert "forward" in vars(plain)
+    assert vars(hooked)["forward"] is hook  # not removed either
+    assert "forward" not in vars(plain)
+
+
+def test_generation_runs_its_decoding_steps_on_the_copies_and_samples_the_same_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agent = tiny_agent(seed=3, eos_bias=1.0)
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.9)
+    prompts = ["Describe a city.", "Invent a holiday."]
+    keys = [row_key(5, p, g) for p in range(2) for g in range(3)]
+    calls = {"few": 0}
+    forward = layout._few_rows_forward
+
+    def counted(layer: nn.Linear, weight_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        calls["few"] += int(x.numel() // x.shape[-1] <= layout.DECODE_ROWS)
+        return forward(layer, weight_t, x)
+
+    monkeypatch.setattr(layout, "_few_rows_forward", counted)
+    with_copies = agent.generate(prompts, 3, sampling, keys=keys)
+    assert calls["few"] > 0
+    assert not any("forward" in vars(m) for m in agent.model.modules())
+    monkeypatch.setattr(agent_module, "decode_layout", lambda model: nullcontext())
+    without = agent.generate(prompts, 3, sampling, keys=keys)
+    assert [[c.completion_ids for c in row] for row in with_copies] == [
+        [c.completion_ids for c in row] for row in without
+    ]
