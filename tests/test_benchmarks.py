@@ -219,6 +219,24 @@ def test_floor_runs_one_round_of_each_on_a_tiny_model(
         assert seconds <= phases["round"]["seconds"]
 
 
+def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsys) -> None:
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        decode_layout = importlib.import_module("decode_layout")
+        argv = ["--model", str(tmp_path), "--rows", "2", "4", "--tokens", "3", "--repeats", "1"]
+        decode_layout.main(argv)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    out = capsys.readouterr().out
+    assert out.count("rows: without") == 2 and out.count("same tokens: True") == 2
+    assert out.count(" rows: ") == 2 + 3 * 2  # 3 weight shapes at each row count
+    with pytest.raises(SystemExit):
+        decode_layout.parse_args(["--rows", "3"])
+
+
 def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     # --tiny main job, 1 epoch of 8 items: 4 rounds (rollout_buffer_size 2) and 2 evaluations,
     # so 2 agents x (4 + 2) generate calls and one AdamW step per agent and round, from one
