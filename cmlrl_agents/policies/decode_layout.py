@@ -2,18 +2,20 @@
 
 ``nn.Linear`` stores its weight ``[out, in]`` and multiplies ``x @ W.T``. A decoding step
 multiplies a few rows (one per sequence) by every weight of the model, and for a few rows
-MKL's CPU kernel for that transposed operand is slow: on this project's machine (AVX512, MKL),
-a SmolLM2 MLP weight ``[1536, 576]`` times 8 rows takes 403 µs through ``nn.Linear`` and 166 µs
-as ``x @ W_t`` with ``W_t`` contiguous ``[576, 1536]``, the output layer 29.7 against 15.3 ms;
-on 2 threads 16 rows take 628 against 129 µs. :func:`decode_layout` copies each weight into
-that layout once per ``generate`` call and multiplies the few-row steps with the copy; passes
-of more rows (the prompt pass) keep ``nn.Linear``'s own path, which is as fast or faster there.
+MKL's CPU kernel for that transposed operand is slow: on this project's machine (AVX512, MKL,
+one thread) a SmolLM2 MLP weight ``[1536, 576]`` times 8 rows took 383 µs through ``nn.Linear``
+and 156 µs as ``x @ W_t`` with ``W_t`` contiguous ``[576, 1536]``, the output layer 36.8
+against 19.1 ms. :func:`decode_layout` copies each weight into that layout once per
+``generate`` call and multiplies the few-row steps with the copy; passes of more rows (the
+prompt pass) keep ``nn.Linear``'s own path, which is as fast or faster there.
 
-A whole decoding step of SmolLM2-135M for 8 rows fell from 150 to 122 ms on one thread, the
-copies included, and for 16 rows on two threads from 300 to 180 CPU ms; 16 rows on one thread
-did not change (``docs/benchmarks.md``, "Decoding with transposed weights"). The products are
-the same up to float rounding (another summation order). The copies live for the call only: one
-more copy of the linear weights while the model generates, none while it trains.
+A whole decoding step of SmolLM2-135M for 8 rows fell from 145 to 122 CPU ms on one thread,
+the copies' making included, and 16 and 32 rows barely moved; on two threads 8, 16 and 32 rows
+took 0.74, 0.60 and 0.75 of the CPU time (``benchmarks/decode_layout.py``;
+``docs/benchmarks.md``, "Decoding with transposed weights"). The products differ by float
+rounding only (another summation order), which can flip a draw that sits at a boundary. The
+cost is memory: one more copy of the linear weights while the model generates (about 0.54 GB
+for SmolLM2-135M), none while it trains.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ __all__ = ["DECODE_ROWS", "decode_layout"]
 DECODE_ROWS = 32
 """Passes of at most this many rows (tokens over the whole batch) use the ``[in, out]`` copy:
 the decoding steps of up to 32 sequences. Above it (a prompt pass) ``nn.Linear``'s own kernel
-is as fast: at 64 rows the two are within 10 % either way, at 128 ``nn.Linear`` is faster."""
+holds its own: at 64 rows the copy was faster for the MLP weights and slower for the output
+layer, at 128 rows ``nn.Linear`` was as fast or faster for all three (one thread)."""
 
 
 def _few_rows_forward(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
