@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +44,7 @@ def _few_rows_forward(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
     return y if layer.bias is None else y + layer.bias
 
 
-def _eligible(module: nn.Module) -> bool:
+def _eligible(module: nn.Module) -> TypeGuard[nn.Linear]:
     # Exactly nn.Linear (a quantised or otherwise special subclass computes something else),
     # float32 on a CPU (where it was measured), and a forward nobody has replaced (accelerate's
     # hooks set an instance forward that this must neither wrap nor remove).
@@ -64,7 +65,7 @@ def decode_layout(model: nn.Module) -> Iterator[None]:
     patched: list[nn.Linear] = []
     try:
         for module in model.modules():
-            if isinstance(module, nn.Linear) and _eligible(module):
+            if _eligible(module):
                 weight_t = module.weight.detach().t().contiguous()
                 module.forward = partial(_few_rows_forward, module, weight_t)  # type: ignore[method-assign]
                 patched.append(module)
