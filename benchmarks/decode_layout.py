@@ -90,7 +90,9 @@ def generation(agent: LLMAgent, rows: list[int], tokens: int, repeats: int) -> N
         for _ in range(repeats):
             for side in seconds:
                 layout = (
-                    mock.patch.object(agent_module, "decode_layout", lambda model: nullcontext())
+                    mock.patch.object(
+                        agent_module, "decode_layout", lambda model, sequences: nullcontext()
+                    )
                     if side == "without"
                     else nullcontext()
                 )

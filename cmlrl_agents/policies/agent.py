@@ -296,7 +296,7 @@ class LLMAgent:
             eval_mode(self.model),
             torch.inference_mode(),
             only_our_generation_settings(self.model),
-            decode_layout(self.model),
+            decode_layout(self.model, input_ids.shape[0]),
         ):
             # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
             generated = self.model.generate(  # type: ignore[operator]

@@ -57,14 +57,15 @@ def _eligible(module: nn.Module) -> TypeGuard[nn.Linear]:
 
 
 @contextmanager
-def decode_layout(model: nn.Module) -> Iterator[None]:
+def decode_layout(model: nn.Module, sequences: int) -> Iterator[None]:
     """Within the block, every eligible ``nn.Linear`` of ``model`` multiplies passes of at most
     :data:`DECODE_ROWS` rows by an ``[in, out]`` copy of its weight taken on entry. For
     inference only: the copy does not follow later changes of the weight, and it has no
-    gradient. On leaving, the layers are as they were."""
+    gradient. On leaving, the layers are as they were. ``sequences``: the rows of each decoding
+    step; above :data:`DECODE_ROWS` no step would use the copies, so none are made."""
     patched: list[nn.Linear] = []
     try:
-        for module in model.modules():
+        for module in model.modules() if sequences <= DECODE_ROWS else ():
             if _eligible(module):
                 weight_t = module.weight.detach().t().contiguous()
                 module.forward = partial(_few_rows_forward, module, weight_t)  # type: ignore[method-assign]

@@ -27,7 +27,7 @@ def test_few_rows_use_the_copy_taken_on_entry_and_many_rows_the_layer_itself(bia
     few = torch.randn(3, 1, 12)  # 3 decoding rows
     many = torch.randn(layout.DECODE_ROWS + 1, 12)
     before_few, before_many = layer(few), layer(many)
-    with torch.no_grad(), layout.decode_layout(layer):
+    with torch.no_grad(), layout.decode_layout(layer, 3):
         assert "forward" in vars(layer)
         torch.testing.assert_close(layer(few), before_few)
         torch.testing.assert_close(layer(many), before_many, rtol=0, atol=0)
@@ -42,7 +42,7 @@ def test_few_rows_use_the_copy_taken_on_entry_and_many_rows_the_layer_itself(bia
 
 def test_every_layer_is_restored_when_the_block_raises() -> None:
     model = nn.Sequential(_layer(), nn.ReLU(), nn.Linear(20, 4))
-    with pytest.raises(RuntimeError, match="inside"), layout.decode_layout(model):
+    with pytest.raises(RuntimeError, match="inside"), layout.decode_layout(model, 1):
         assert all("forward" in vars(m) for m in model if isinstance(m, nn.Linear))
         raise RuntimeError("inside")
     assert not any("forward" in vars(m) for m in model)
@@ -59,12 +59,18 @@ def test_layers_it_was_not_measured_on_or_must_not_wrap_are_left_alone() -> None
     special = Special(12, 20)
     plain = _layer()
     model = nn.ModuleList([hooked, half, special, plain])
-    with layout.decode_layout(model):
+    with layout.decode_layout(model, 1):
         assert vars(hooked)["forward"] is hook
         assert "forward" not in vars(half) and "forward" not in vars(special)
         assert "forward" in vars(plain)
     assert vars(hooked)["forward"] is hook  # not removed either
     assert "forward" not in vars(plain)
+
+
+def test_no_copies_for_a_batch_whose_decoding_steps_would_not_use_them() -> None:
+    layer = _layer()
+    with layout.decode_layout(layer, layout.DECODE_ROWS + 1):
+        assert "forward" not in vars(layer)
 
 
 def test_generation_runs_its_decoding_steps_on_the_copies_and_samples_the_same_tokens(
@@ -85,7 +91,7 @@ def test_generation_runs_its_decoding_steps_on_the_copies_and_samples_the_same_t
     with_copies = agent.generate(prompts, 3, sampling, keys=keys)
     assert calls["few"] > 0
     assert not any("forward" in vars(m) for m in agent.model.modules())
-    monkeypatch.setattr(agent_module, "decode_layout", lambda model: nullcontext())
+    monkeypatch.setattr(agent_module, "decode_layout", lambda model, sequences: nullcontext())
     without = agent.generate(prompts, 3, sampling, keys=keys)
     assert [[c.completion_ids for c in row] for row in with_copies] == [
         [c.completion_ids for c in row] for row in without
