@@ -262,7 +262,11 @@ class SamplingConfig:
         distribution, drawn among the top-k candidates only), which leaves one token finite per
         row; ``generate`` then runs its greedy step, which takes that token. ``record``: see
         :class:`CandidateSampler` (greedy decoding records nothing)."""
-        lengths = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens}
+        lengths: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
+        if self.min_new_tokens:
+            # Even min_new_tokens=0 makes transformers add a length processor, a no-op that
+            # scans the vocabulary for EOS and copies the logits at every decoding step.
+            lengths["min_new_tokens"] = self.min_new_tokens
         greedy = {**lengths, "do_sample": False, "num_beams": 1}
         if not self.do_sample:
             return greedy

@@ -7,11 +7,14 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from transformers.generation.utils import GenerationMixin
 
 from cmlrl_agents.policies import gguf
 from cmlrl_agents.policies.agent import (
@@ -69,13 +72,12 @@ def test_sampling_config_generate_kwargs() -> None:
     # The sampler draws the token; generate's greedy step then takes the one finite logit.
     assert kwargs == {
         "max_new_tokens": 8,
-        "min_new_tokens": 0,
         "do_sample": False,
         "num_beams": 1,
         "logits_processor": [CandidateSampler(temperature=0.7, top_k=None, top_p=0.9)],
     }
     greedy = SamplingConfig(max_new_tokens=4, do_sample=False).generate_kwargs()
-    assert greedy == {"max_new_tokens": 4, "min_new_tokens": 0, "do_sample": False, "num_beams": 1}
+    assert greedy == {"max_new_tokens": 4, "do_sample": False, "num_beams": 1}
     forced = SamplingConfig(max_new_tokens=4, min_new_tokens=4).generate_kwargs()
     assert forced["min_new_tokens"] == 4
 
@@ -165,6 +167,26 @@ def test_generate_one_call_shape_and_completions() -> None:
             assert not any(s in c.text for s in special)
     flat = [c for row in out for c in row]
     assert any(c.finished for c in flat) and any(len(c.completion_ids) > 1 for c in flat)
+
+
+def test_generate_processes_the_logits_with_our_sampler_alone() -> None:
+    # min_new_tokens=0 passed on would add transformers' length processor: a no-op that scans
+    # the vocabulary and copies the logits at every decoding step.
+    agent = tiny_agent()
+    seen: list[list[str]] = []
+    original = GenerationMixin._get_logits_processor
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        processors = original(self, *args, **kwargs)
+        seen.append([type(p).__name__ for p in processors])
+        return processors
+
+    with mock.patch.object(GenerationMixin, "_get_logits_processor", spy):
+        agent.generate(PROMPTS, 2, SamplingConfig(max_new_tokens=4))
+        forced = agent.generate(PROMPTS, 2, SamplingConfig(max_new_tokens=4, min_new_tokens=4))
+    assert seen[0] == ["CandidateSampler"]
+    assert seen[1][-1] == "CandidateSampler" and "MinNewTokensLengthLogitsProcessor" in seen[1]
+    assert all(len(c.completion_ids) == 4 for row in forced for c in row)
 
 
 def test_batched_greedy_generation_equals_one_prompt_at_a_time() -> None:
