@@ -34,6 +34,7 @@ template holds eos) it cuts every prompt at its first pad token and hands the re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -190,6 +191,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar=("REWARD", "SECONDS"),
         help="comlrl's final reward and training seconds, when it is not run (--only cmlrl)",
     )
+    parser.add_argument(
+        "--keep-run",
+        type=Path,
+        help="keep our run folder here (config.json, metrics.jsonl; with --set logging_steps=1 "
+        "every round's training metrics)",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "comlrl-venv")
     parser.add_argument("--model", help="model folder (default: the local SmolLM2-135M-Instruct)")
@@ -267,7 +274,8 @@ def run(name: str, args: argparse.Namespace, budget: float | None) -> dict:
     else:
         overrides = {} if args.lr is None else {"agent_learning_rate": args.lr}
         overrides.update(dict(args.set))
-    with tempfile.TemporaryDirectory() as out:
+    keep = args.keep_run if name == "cmlrl" else None
+    with contextlib.nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory() as out:
         spec = {
             "model": args.model,
             "items": args.items,

@@ -35,7 +35,7 @@ from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import PolicyRow, Windows, check_windows
 from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
 from cmlrl_agents.learning.engine import StepEngine
-from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.optim import AdamWOptions, make_adamw
 from cmlrl_agents.learning.policy_loss import PolicyObjective
 from cmlrl_agents.learning.policy_round import PolicyLearner
 from cmlrl_agents.policies.adapters import checkpoint_models
@@ -98,7 +98,7 @@ class ActorCriticLearner(PolicyLearner[ActorCriticConfig]):
                 [{"params": c.own_parameters()}],
                 args.critic_lr,
                 f"critics[{i}]",
-                args.weight_decay,
+                AdamWOptions.of(args),
             )
             for i, c in enumerate(self.critics)
             if not c.shared
@@ -113,7 +113,7 @@ class ActorCriticLearner(PolicyLearner[ActorCriticConfig]):
         if critic.shared:
             groups.append({"params": critic.own_parameters(), "lr": self.args.critic_lr})
         return make_adamw(
-            groups, self.args.agent_learning_rate, f"agents[{a}]", self.args.weight_decay
+            groups, self.args.agent_learning_rate, f"agents[{a}]", AdamWOptions.of(self.args)
         )
 
     def named_optimizers(self) -> dict[str, torch.optim.Optimizer]:

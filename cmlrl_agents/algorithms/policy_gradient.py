@@ -58,7 +58,7 @@ class PolicyGradientLearner(PolicyLearner[MAGRPOConfig]):
         """This process's share of a data parallel launch (see distributed.py)."""
         self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.engine = StepEngine(self.parallel, bf16=args.bf16)
-        self.optimizers = agent_optimizers(self.agents, args.agent_learning_rate, args.weight_decay)
+        self.optimizers = agent_optimizers(self.agents, args)
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] | None = (
             reference_policies(self.agents, devices) if args.reference_kl_enabled else None

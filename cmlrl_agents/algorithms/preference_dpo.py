@@ -100,7 +100,7 @@ class DPOLearner(OptimizedLearner[MADPOConfig]):
         self.parallel = data_parallel()
         self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.engine = StepEngine(self.parallel, bf16=args.bf16)
-        self.optimizers = agent_optimizers(self.agents, args.agent_learning_rate, args.weight_decay)
+        self.optimizers = agent_optimizers(self.agents, args)
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] = reference_policies(self.agents, devices)
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}

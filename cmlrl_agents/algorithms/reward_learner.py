@@ -25,7 +25,7 @@ from cmlrl_agents.algorithms.preference_pairs import PreferencePair
 from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.functional.preference_losses import bradley_terry_loss
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan
-from cmlrl_agents.learning.optim import make_adamw
+from cmlrl_agents.learning.optim import AdamWOptions, make_adamw
 from cmlrl_agents.learning.schedules import make_schedulers
 
 __all__ = ["PairScorer", "RewardFit", "RewardFitArgs", "RewardModelLearner"]
@@ -124,7 +124,9 @@ class RewardModelLearner:
         if batch.held:
             metrics["reward_model/eval_accuracy_before"] = model.accuracy(batch.held)
         params = [p for p in model.model.parameters() if p.requires_grad]
-        optimizer = make_adamw(params, args.learning_rate, "reward_model", args.weight_decay)
+        optimizer = make_adamw(
+            params, args.learning_rate, "reward_model", AdamWOptions(weight_decay=args.weight_decay)
+        )
         steps = args.epochs * -(-len(batch.train) // args.batch_size)
         self.schedulers = make_schedulers(
             {"reward_model": optimizer}, args.lr_scheduler_type, args.warmup_steps, steps

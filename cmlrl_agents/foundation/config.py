@@ -94,6 +94,13 @@ class SharedConfig(ValidatedConfig):
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay of every optimizer (0: none, as in Hugging Face's
     Trainer; torch's own AdamW default of 0.01 is not used)."""
+    adam_beta1: float = 0.9
+    """AdamW's first-moment decay (momentum) of every agent's and critic's optimizer, Hugging
+    Face's name and default; 0 steps on each round's gradient alone, in [0, 1)."""
+    adam_beta2: float = 0.999
+    """AdamW's second-moment decay of every agent's and critic's optimizer, in [0, 1)."""
+    adam_epsilon: float = 1e-8
+    """AdamW's epsilon of every agent's and critic's optimizer (> 0)."""
     tis_cap: float = 2.0
     """With ``generation_backend="vllm"`` or ``"hf_bf16"``: each token's policy term is weighted
     by the truncated importance ratio ``min(pi_trainer / pi_sampler, tis_cap)`` (TRL's and
@@ -200,6 +207,9 @@ class SharedConfig(ValidatedConfig):
         self._int("logging_steps", 1)
         self._real("max_grad_norm", 0.0, low_open=True, optional=True)
         self._real("weight_decay", 0.0)
+        for beta in ("adam_beta1", "adam_beta2"):
+            self._beta(beta)
+        self._real("adam_epsilon", 0.0, low_open=True)
         self._real("tis_cap", 1.0)
         self._bool("log_entropy")
         self._bool("disable_dropout")
@@ -230,6 +240,14 @@ class SharedConfig(ValidatedConfig):
                 "'cuda:1', ...] and each agent's generate and update run on its own device; "
                 "throughput comes from batching (rollout_buffer_size items per batched generate, "
                 "forward_batch_size for scoring). Leave parallel_training unset."
+            )
+
+    def _beta(self, name: str) -> None:
+        self._real(name, 0.0)
+        if getattr(self, name) >= 1.0:
+            raise ValueError(
+                f"{name} must be in [0, 1) (a moment average that never forgets), got "
+                f"{getattr(self, name)}; Hugging Face's defaults are 0.9 and 0.999."
             )
 
     def _check_seed_and_folder(self) -> None:

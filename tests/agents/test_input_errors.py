@@ -53,6 +53,22 @@ def test_infinite_positive_values_name_finiteness():
         MAGRPOConfig(max_grad_norm=INF)
 
 
+@pytest.mark.parametrize("field", ["adam_beta1", "adam_beta2"])
+def test_adam_betas_must_lie_in_0_to_1_when_built_and_assigned(field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must be in \[0, 1\) .*got 1\.0;"):
+        MAGRPOConfig(**{field: 1.0})
+    with pytest.raises(ValueError, match=rf"^{field} must be >= 0\.0, got -0\.1\.$"):
+        IACConfig(**{field: -0.1})
+    config = MAGRPOConfig()
+    with pytest.raises(ValueError, match=rf"^{field} must be in \[0, 1\)"):
+        setattr(config, field, 1.5)
+
+
+def test_adam_epsilon_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"^adam_epsilon must be > 0\.0, got 0\.0\.$"):
+        MAGRPOConfig(adam_epsilon=0.0)
+
+
 def test_seed_must_fit_numpy():
     assert MAGRPOConfig(seed=2**32 - 1).seed == 2**32 - 1
     with pytest.raises(ValueError, match=r"seed must be <= 4294967295 .*got 4294967296"):

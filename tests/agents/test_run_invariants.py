@@ -14,7 +14,7 @@ from test_magrpo_trainer import make_trainer
 
 from cmlrl_agents import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
 from cmlrl_agents.runs.checkpoint_load import CheckpointError
-from cmlrl_agents.testing import tiny_agent
+from cmlrl_agents.testing import tiny_agent, tiny_model, tiny_tokenizer
 from cmlrl_env import tasks
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
@@ -227,3 +227,28 @@ def test_adamw_weight_decay_is_the_configs(tmp_path) -> None:
     )
     assert trainer.optimizers[0].param_groups[0]["weight_decay"] == 0.05
     assert MAGRPOConfig().weight_decay == 0.0
+
+
+def test_adamw_moments_and_epsilon_are_the_configs_for_agents_and_critics(tmp_path) -> None:
+    data = Dataset.from_dict({"prompt": ["a"]})
+    options = {"adam_beta1": 0.0, "adam_beta2": 0.99, "adam_epsilon": 1e-6}
+    magrpo = MAGRPOTrainer(
+        agents=[tiny_agent()],
+        reward_func=lambda c: [0.0] * len(c),
+        train_dataset=data,
+        args=MAGRPOConfig(**options, output_dir=str(tmp_path / "magrpo"), eval_interval=0),
+    )
+    tokenizer = tiny_tokenizer()
+    iac = IACTrainer(
+        agents=[tiny_model(len(tokenizer), 0)],
+        critics=[tiny_model(len(tokenizer), 1)],
+        tokenizer=tokenizer,
+        reward_func=lambda c: [0.0] * len(c),
+        train_dataset=data,
+        args=IACConfig(**options, output_dir=str(tmp_path / "iac"), eval_interval=0),
+    )
+    for optimizer in [*magrpo.optimizers, *iac.optimizers, *iac.critic_optimizers]:
+        group = optimizer.param_groups[0]
+        assert (group["betas"], group["eps"]) == ((0.0, 0.99), 1e-6)
+    defaults = MAGRPOConfig()
+    assert (defaults.adam_beta1, defaults.adam_beta2, defaults.adam_epsilon) == (0.9, 0.999, 1e-8)
