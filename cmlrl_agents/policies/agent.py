@@ -31,6 +31,7 @@ from cmlrl_agents.policies.model_setup import (
     eval_mode,
     fp32_master_weights,
     only_our_generation_settings,
+    stop_and_pad_ids,
 )
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
 from cmlrl_agents.policies.sampling import SamplingConfig, Truncation
@@ -71,14 +72,6 @@ class Completion:
     """The sampler's log-prob of each completion token, when the backend reports them (vLLM,
     or transformers' ``generate`` on a bfloat16 copy); None when the sampler is the trainer's
     own model."""
-
-
-def _token_id_set(value: Any) -> set[int]:
-    if value is None:
-        return set()
-    if isinstance(value, int):
-        return {value}
-    return {int(v) for v in value}
 
 
 class LLMAgent:
@@ -140,19 +133,7 @@ class LLMAgent:
         self.chat_format = ChatFormat(tokenizer, system_prompt) if self.use_chat_template else None
         if self.chat_format is not None:
             self.chat_format.log_once()
-        tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
-        eos = _token_id_set(tokenizer_eos)
-        generation_config = getattr(model, "generation_config", None)
-        eos |= _token_id_set(getattr(generation_config, "eos_token_id", None))
-        if not eos:
-            raise ValueError(
-                "neither the tokenizer nor model.generation_config has an EOS token id, so "
-                "completions could never end; set tokenizer.eos_token"
-            )
-        self._eos_token_ids = frozenset(eos)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        pad = pad if pad is not None else tokenizer_eos
-        self.pad_token_id: int = int(pad) if pad is not None else min(eos)
+        self._eos_token_ids, self.pad_token_id = stop_and_pad_ids(model, tokenizer)
         self.reports_sampler_logprobs = False
         """Give each sampled completion its tokens' log-probs under the distribution they were
         drawn from (``Completion.sampler_logprobs``): set by a backend that samples from a copy

@@ -8,6 +8,8 @@
 - Generation: ``generate`` sees our sampling settings only. A checkpoint's own
   ``generation_config`` (``repetition_penalty``, ``suppress_tokens``, ``no_repeat_ngram_size``,
   its own temperature, ...) is set aside for the call, so ``SamplingConfig`` is the whole story.
+- Special ids: a completion ends at the tokenizer's EOS or any of ``generation_config``'s, and
+  pads with the tokenizer's pad token, else its EOS.
 - Vocabulary: a model whose embedding table is smaller than its tokenizer would fail with an
   ``IndexError`` in the middle of training; it is refused when the agent is built.
 - Chat template: which template the agent applies (and any system turn it adds), and whether a
@@ -91,6 +93,31 @@ def check_vocabulary(model: nn.Module, tokenizer: Any) -> None:
             "tokenizer, or resize the embeddings first: model.resize_token_embeddings("
             "len(tokenizer))."
         )
+
+
+def _token_id_set(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def stop_and_pad_ids(model: nn.Module, tokenizer: Any) -> tuple[frozenset[int], int]:
+    """The ids that end a completion (the tokenizer's EOS plus ``generation_config``'s) and the
+    pad id: the tokenizer's, else its EOS, never a token added to the tokenizer (bug B19)."""
+    tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
+    eos = _token_id_set(tokenizer_eos)
+    generation_config = getattr(model, "generation_config", None)
+    eos |= _token_id_set(getattr(generation_config, "eos_token_id", None))
+    if not eos:
+        raise ValueError(
+            "neither the tokenizer nor model.generation_config has an EOS token id, so "
+            "completions could never end; set tokenizer.eos_token"
+        )
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else tokenizer_eos
+    return frozenset(eos), int(pad) if pad is not None else min(eos)
 
 
 def check_local_model_path(name_or_path: str | os.PathLike[str]) -> None:
