@@ -21,6 +21,7 @@ __all__ = ["FOREIGN_NAMES", "SAME_AS_TRL", "unknown_field_message"]
 SAME_AS_TRL = (
     *("num_generations", "num_train_epochs", "temperature", "top_p", "top_k", "seed"),
     *("output_dir", "logging_steps", "save_steps", "save_total_limit", "max_grad_norm"),
+    *("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon"),
     *("warmup_steps", "lr_scheduler_type", "bf16"),
 )
 """TRL's names that the configs use with TRL's meaning."""
