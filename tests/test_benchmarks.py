@@ -33,8 +33,11 @@ def test_learning_defaults_are_the_issue_settings(bench) -> None:
     assert (args.items, args.epochs, args.eval_repeats, args.eval_every) == (8, 2, 8, 4)
     assert args.lr is None and args.comlrl_lr is None and args.only is None
     assert args.budget_seconds is None and not args.match_comlrl_time and args.set == []
+    assert args.keep_run is None  # our run folder is a temporary one unless asked to keep it
     short = bench["learning"].parse_args(["--items", "2", "--epochs", "1", "--only", "cmlrl"])
     assert (short.items, short.epochs, short.only) == (2, 1, "cmlrl")
+    kept = bench["learning"].parse_args(["--keep-run", "runs/a"])
+    assert kept.keep_run == Path("runs/a")
 
 
 def test_learning_set_reads_json_values(bench) -> None:
