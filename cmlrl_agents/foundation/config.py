@@ -205,11 +205,7 @@ class SharedConfig(ValidatedConfig):
         self._int("eval_num_samples", 1)
         self._int("eval_batch_size", 1)
         self._int("logging_steps", 1)
-        self._real("max_grad_norm", 0.0, low_open=True, optional=True)
-        self._real("weight_decay", 0.0)
-        for beta in ("adam_beta1", "adam_beta2"):
-            self._beta(beta)
-        self._real("adam_epsilon", 0.0, low_open=True)
+        self._check_optimizer_step()
         self._real("tis_cap", 1.0)
         self._bool("log_entropy")
         self._bool("disable_dropout")
@@ -242,13 +238,18 @@ class SharedConfig(ValidatedConfig):
                 "forward_batch_size for scoring). Leave parallel_training unset."
             )
 
-    def _beta(self, name: str) -> None:
-        self._real(name, 0.0)
-        if getattr(self, name) >= 1.0:
-            raise ValueError(
-                f"{name} must be in [0, 1) (a moment average that never forgets), got "
-                f"{getattr(self, name)}; Hugging Face's defaults are 0.9 and 0.999."
-            )
+    def _check_optimizer_step(self) -> None:
+        """The gradient clip and AdamW's settings besides the rate."""
+        self._real("max_grad_norm", 0.0, low_open=True, optional=True)
+        self._real("weight_decay", 0.0)
+        for name in ("adam_beta1", "adam_beta2"):
+            self._real(name, 0.0)
+            if getattr(self, name) >= 1.0:
+                raise ValueError(
+                    f"{name} must be in [0, 1) (a moment average that never forgets), got "
+                    f"{getattr(self, name)}; Hugging Face's defaults are 0.9 and 0.999."
+                )
+        self._real("adam_epsilon", 0.0, low_open=True)
 
     def _check_seed_and_folder(self) -> None:
         self._int("seed", 0, optional=True)
