@@ -212,6 +212,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             "--match-comlrl-time runs comlrl first; drop --only cmlrl, or give --budget-seconds"
         )
+    if args.keep_run is not None and args.only == "comlrl":
+        parser.error("--keep-run keeps our run folder, and --only comlrl runs none; drop one")
     return args
 
 

@@ -51,6 +51,12 @@ def test_learning_refuses_a_comlrl_budget_without_comlrl(bench, capsys) -> None:
     assert "--match-comlrl-time runs comlrl first" in capsys.readouterr().err
 
 
+def test_learning_refuses_to_keep_a_run_it_does_not_make(bench, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench["learning"].parse_args(["--only", "comlrl", "--keep-run", "runs/a"])
+    assert "--keep-run keeps our run folder, and --only comlrl runs none" in capsys.readouterr().err
+
+
 CURVE = [
     {"rounds": 0, "items": 0, "train_s": 0.0, "train_cpu_s": 0.0, "reward": 0.40, "se": 0.1},
     {"rounds": 1, "items": 4, "train_s": 90.0, "train_cpu_s": 80.0, "reward": 0.70, "se": 0.1},
