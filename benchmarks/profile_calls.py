@@ -9,13 +9,23 @@ seconds and counts are the figures to compare; run the two trees side by side on
 
     PYTHONPATH=/path/to/old OMP_NUM_THREADS=1 python benchmarks/profile_calls.py \\
         examples/length_ratio.py --epochs 1 --eval-repeats 1 --output-dir /tmp/old-run
+
+Options before the script: ``--timeline`` also prints each wrapped call as it ends (when it
+began, how long it took), so a first round's one-time costs show against the later rounds';
+``--keep-freed-memory`` makes glibc's malloc keep freed blocks in the process (``mallopt``:
+``M_MMAP_THRESHOLD`` 32 MiB, its largest, and ``M_TRIM_THRESHOLD`` 2 GiB) before the script
+runs, to measure what the page faults of memory handed back and taken again cost. The report
+ends with the process's user and system CPU seconds, minor page faults and peak RSS.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import importlib
+import platform
+import resource
 import runpy
 import sys
 import time
@@ -28,6 +38,8 @@ import torch
 
 STATS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, wall s, cpu s
 SHAPES: Counter[tuple[str, tuple[int, ...]]] = Counter()
+TIMELINE: list[float] = []  # [start of the run] once --timeline is on
+TIMED = ("generate", "backward", "AdamW.step", "MAGRPOTrainer round")
 
 
 def _record(key: str, wall: float, cpu: float) -> None:
@@ -35,6 +47,9 @@ def _record(key: str, wall: float, cpu: float) -> None:
     entry[0] += 1
     entry[1] += time.perf_counter() - wall
     entry[2] += time.process_time() - cpu
+    if TIMELINE and key in TIMED:
+        took = time.perf_counter() - wall
+        print(f"{key:24s} at {wall - TIMELINE[0]:8.2f} s  took {took:7.3f} s", file=sys.stderr)
 
 
 def wrap(owner: Any, name: str, key: str) -> None:
@@ -122,14 +137,43 @@ def report(start_wall: float, start_cpu: float) -> None:
         print(f"{key:32s} calls {calls:6d}  wall {wall:8.1f} s  cpu {cpu:8.1f} s", file=out)
     for (mode, shape), count in sorted(SHAPES.items()):
         print(f"{mode:20s} input_ids {shape} x{count}", file=out)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        f"process: user {usage.ru_utime:.1f} s, system {usage.ru_stime:.1f} s, "
+        f"minor page faults {usage.ru_minflt}, peak RSS {usage.ru_maxrss / 1024**2:.2f} GB",
+        file=out,
+    )
+
+
+def keep_freed_memory() -> None:
+    """glibc's malloc keeps freed blocks up to 32 MiB and 2 GiB of free heap top for reuse."""
+    if platform.libc_ver()[0] != "glibc":
+        sys.exit("--keep-freed-memory needs glibc's malloc (mallopt)")
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    if not (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 2**31 - 1)):
+        sys.exit("mallopt refused the thresholds")
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: python benchmarks/profile_calls.py SCRIPT [ARGS...]")
+    args = sys.argv[1:]
+    options = {"--timeline", "--keep-freed-memory"}
+    given = set()
+    while args and args[0] in options:
+        given.add(args.pop(0))
+    if not args:
+        sys.exit(
+            "usage: python benchmarks/profile_calls.py [--timeline] [--keep-freed-memory] "
+            "SCRIPT [ARGS...]"
+        )
+    if "--keep-freed-memory" in given:
+        keep_freed_memory()
     install()
-    atexit.register(report, time.perf_counter(), time.process_time())
-    sys.argv = sys.argv[1:]
+    start = time.perf_counter()
+    if "--timeline" in given:
+        TIMELINE.append(start)
+    atexit.register(report, start, time.process_time())
+    sys.argv = args
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import platform
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -249,9 +252,12 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
 def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     # --tiny main job, 1 epoch of 8 items: 4 rounds (rollout_buffer_size 2) and 2 evaluations,
     # so 2 agents x (4 + 2) generate calls and one AdamW step per agent and round, from one
-    # forward chunk (8 samples, forward_batch_size 8) with a backward each.
+    # forward chunk (8 samples, forward_batch_size 8) with a backward each. The timeline lists
+    # each of those calls once; the allocator switch needs glibc.
     root = BENCHMARKS.parent
-    command = [sys.executable, str(BENCHMARKS / "profile_calls.py")]
+    command = [sys.executable, str(BENCHMARKS / "profile_calls.py"), "--timeline"]
+    if platform.libc_ver()[0] == "glibc":
+        command.append("--keep-freed-memory")
     command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
     command += ["--eval-repeats", "1", "--max-new-tokens", "2", "--output-dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
@@ -270,6 +276,12 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     # prefix_sharing (the default): one prompt forward and one continuation forward per scoring
     assert calls["forward/grad"] == 2 * 8
     assert "forward/no_grad" not in calls  # no reference model, no re-scoring pass
+    # (a progress bar's carriage returns can share a line with the timeline)
+    timeline = Counter(
+        re.findall(r"(generate|backward|AdamW\.step|MAGRPOTrainer round) +at ", proc.stderr)
+    )
+    assert timeline == {"generate": 12, "backward": 8, "AdamW.step": 8, "MAGRPOTrainer round": 4}
+    assert "process: user " in proc.stderr and "minor page faults" in proc.stderr
 
 
 def test_free_points_scores_content_free_answers_on_both_tasks(tmp_path: Path, capsys) -> None:
