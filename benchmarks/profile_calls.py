@@ -14,8 +14,10 @@ Options before the script: ``--timeline`` also prints each wrapped call as it en
 began, how long it took), so a first round's one-time costs show against the later rounds';
 ``--keep-freed-memory`` makes glibc's malloc keep freed blocks in the process (``mallopt``:
 ``M_MMAP_THRESHOLD`` 32 MiB, its largest, and ``M_TRIM_THRESHOLD`` 2 GiB) before the script
-runs, to measure what the page faults of memory handed back and taken again cost. The report
-ends with the process's user and system CPU seconds, minor page faults and peak RSS.
+runs, to measure what the page faults of memory handed back and taken again cost;
+``--ops-of-round N`` runs the N-th training round (from 1) under ``torch.profiler`` and prints
+its 40 costliest operator calls by self CPU time, grouped by input shapes. The report ends
+with the process's user and system CPU seconds, minor page faults and peak RSS.
 """
 
 from __future__ import annotations
@@ -145,6 +147,30 @@ def report(start_wall: float, start_cpu: float) -> None:
     )
 
 
+def profile_round(number: int) -> None:
+    """Run round ``number`` (from 1) under ``torch.profiler``; print its costliest operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    magrpo = tree_module("algorithms.magrpo", "magrpo")
+    original = magrpo.MAGRPOTrainer._train_round
+    seen = [0]
+
+    @functools.wraps(original)
+    def round_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[0] += 1
+        if seen[0] != number:
+            return original(self, *args, **kwargs)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            result = original(self, *args, **kwargs)
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=40
+        )
+        print(f"round {number}, operators by self CPU time:\n{table}", file=sys.stderr)
+        return result
+
+    magrpo.MAGRPOTrainer._train_round = round_
+
+
 def keep_freed_memory() -> None:
     """glibc's malloc keeps freed blocks up to 32 MiB and 2 GiB of free heap top for reuse."""
     if platform.libc_ver()[0] != "glibc":
@@ -157,18 +183,26 @@ def keep_freed_memory() -> None:
 
 def main() -> None:
     args = sys.argv[1:]
-    options = {"--timeline", "--keep-freed-memory"}
-    given = set()
-    while args and args[0] in options:
-        given.add(args.pop(0))
+    usage = (
+        "usage: python benchmarks/profile_calls.py [--timeline] [--keep-freed-memory] "
+        "[--ops-of-round N] SCRIPT [ARGS...]"
+    )
+    given: set[str] = set()
+    ops_round = None
+    while args and args[0] in {"--timeline", "--keep-freed-memory", "--ops-of-round"}:
+        option = args.pop(0)
+        if option == "--ops-of-round":
+            if not args or not args[0].isdigit() or int(args[0]) < 1:
+                sys.exit(f"--ops-of-round takes a round number from 1; {usage}")
+            ops_round = int(args.pop(0))
+        given.add(option)
     if not args:
-        sys.exit(
-            "usage: python benchmarks/profile_calls.py [--timeline] [--keep-freed-memory] "
-            "SCRIPT [ARGS...]"
-        )
+        sys.exit(usage)
     if "--keep-freed-memory" in given:
         keep_freed_memory()
     install()
+    if ops_round is not None:
+        profile_round(ops_round)
     start = time.perf_counter()
     if "--timeline" in given:
         TIMELINE.append(start)

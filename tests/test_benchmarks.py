@@ -253,9 +253,11 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     # --tiny main job, 1 epoch of 8 items: 4 rounds (rollout_buffer_size 2) and 2 evaluations,
     # so 2 agents x (4 + 2) generate calls and one AdamW step per agent and round, from one
     # forward chunk (8 samples, forward_batch_size 8) with a backward each. The timeline lists
-    # each of those calls once; the allocator switch needs glibc.
+    # each of those calls once, and the second round's operators come from torch.profiler;
+    # the allocator switch needs glibc.
     root = BENCHMARKS.parent
     command = [sys.executable, str(BENCHMARKS / "profile_calls.py"), "--timeline"]
+    command += ["--ops-of-round", "2"]
     if platform.libc_ver()[0] == "glibc":
         command.append("--keep-freed-memory")
     command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
@@ -281,6 +283,8 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
         re.findall(r"(generate|backward|AdamW\.step|MAGRPOTrainer round) +at ", proc.stderr)
     )
     assert timeline == {"generate": 12, "backward": 8, "AdamW.step": 8, "MAGRPOTrainer round": 4}
+    assert proc.stderr.count("operators by self CPU time") == 1
+    assert "round 2, operators by self CPU time" in proc.stderr and "aten::mm" in proc.stderr
     assert "process: user " in proc.stderr and "minor page faults" in proc.stderr
 
 
