@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
+from cmlrl_agents.policies.kv_cache import sampling_cache
 from cmlrl_agents.policies.logprobs import (
     Temperature,
     TokenScores,
@@ -347,7 +348,7 @@ def shared_prompt_cache(
     kwargs: dict[str, Any] = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
     if adapter_names is not None:
         kwargs["adapter_names"] = [names[int(i)] for i in first]
-    cache = DynamicCache()
+    cache = sampling_cache()  # generate appends every decoding step to it
     model(
         input_ids=input_ids[first, :-1],
         attention_mask=attention_mask[first, :-1],

@@ -15,6 +15,7 @@ from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
 from cmlrl_agents.algorithms.policy_gradient import PolicyGradientLearner
 from cmlrl_agents.learning.batch import PolicyRow, TrainBatch
 from cmlrl_agents.policies.agent import LLMAgent, SamplingConfig
+from cmlrl_agents.policies.kv_cache import GrowingCache
 from cmlrl_agents.policies.logprobs import sequence_logprobs
 from cmlrl_agents.policies.prefix_scoring import (
     generate_inputs,
@@ -254,6 +255,7 @@ def test_generation_shares_the_prompt_pass_and_samples_the_same_tokens(do_sample
         inputs = generate_inputs(agent.model, ids, mask)
     (cache,) = [v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")]
     assert cache.get_seq_length() == ids.shape[1] - 1  # the prompt columns but the last
+    assert isinstance(cache, GrowingCache)  # whose steps are written into room taken ahead
     torch.manual_seed(0)
     got = [c.completion_ids for c in agent.generate_rows(PREFILL_ROWS, sampling)]
     torch.manual_seed(0)
