@@ -45,12 +45,12 @@ TIMED = ("generate", "backward", "AdamW.step", "MAGRPOTrainer round")
 
 
 def _record(key: str, wall: float, cpu: float) -> None:
+    took = time.perf_counter() - wall
     entry = STATS[key]
     entry[0] += 1
-    entry[1] += time.perf_counter() - wall
+    entry[1] += took
     entry[2] += time.process_time() - cpu
     if TIMELINE and key in TIMED:
-        took = time.perf_counter() - wall
         print(f"{key:24s} at {wall - TIMELINE[0]:8.2f} s  took {took:7.3f} s", file=sys.stderr)
 
 
@@ -151,8 +151,10 @@ def profile_round(number: int) -> None:
     """Run round ``number`` (from 1) under ``torch.profiler``; print its costliest operators."""
     from torch.profiler import ProfilerActivity, profile
 
-    magrpo = tree_module("algorithms.magrpo", "magrpo")
-    original = magrpo.MAGRPOTrainer._train_round
+    trainer = tree_module("algorithms.magrpo", "magrpo").MAGRPOTrainer
+    # trees before 10b named the round _train_batch
+    name = "_train_round" if hasattr(trainer, "_train_round") else "_train_batch"
+    original = getattr(trainer, name)
     seen = [0]
 
     @functools.wraps(original)
@@ -168,7 +170,7 @@ def profile_round(number: int) -> None:
         print(f"round {number}, operators by self CPU time:\n{table}", file=sys.stderr)
         return result
 
-    magrpo.MAGRPOTrainer._train_round = round_
+    setattr(trainer, name, round_)
 
 
 def keep_freed_memory() -> None:

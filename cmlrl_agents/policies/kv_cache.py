@@ -90,9 +90,15 @@ class GrowingCache(DynamicCache):
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
 
 
+_FITS_TRANSFORMERS = (
+    "layer_class_to_replicate" in inspect.signature(Cache.__init__).parameters
+    and "value_states" in inspect.signature(DynamicLayer.lazy_initialization).parameters
+)
+"""Whether the installed transformers' cache layers take the arguments :class:`GrowingLayer`
+was written and tested against (5.x)."""
+
+
 def sampling_cache() -> DynamicCache:
     """A :class:`GrowingCache`, or a plain ``DynamicCache`` under a transformers whose cache
-    layers take other arguments than the ones this was written and tested against (5.x)."""
-    layered = "layer_class_to_replicate" in inspect.signature(Cache.__init__).parameters
-    takes_values = "value_states" in inspect.signature(DynamicLayer.lazy_initialization).parameters
-    return GrowingCache() if layered and takes_values else DynamicCache()
+    layers take other arguments."""
+    return GrowingCache() if _FITS_TRANSFORMERS else DynamicCache()
