@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cmlrl_agents.foundation.config import SharedConfig
+from cmlrl_agents.functional.losses import AGGREGATIONS
 
 __all__ = ["MAGRPOConfig", "MAREINFORCEConfig", "MAReMaxConfig", "MARLOOConfig"]
 
 JOINT_MODES = ("aligned", "cross")
 ADVANTAGE_MODES = ("mean", "rloo", "max", "raw")
 ADVANTAGE_SCALES = ("group", "batch", "none")
-LOSS_AGGREGATIONS = ("sequence_sum", "token_mean")
 
 
 @dataclass
@@ -50,7 +50,9 @@ class MAGRPOConfig(SharedConfig):
     reached 0.42 and 2e-4 spread more between seeds than it gained (benchmarks/defaults.py;
     every run in docs/experiments.md, "Why the MAGRPO defaults")."""
     loss_aggregation: str = "sequence_sum"
-    """sequence_sum: -A·Σ log π per completion, averaged; token_mean: averaged over all tokens."""
+    """sequence_sum: -A·Σ log π per completion, averaged (MAGRPO's and comlrl's); token_mean:
+    averaged over all tokens (TRL's "dapo"); sequence_mean: each completion's mean over its own
+    tokens, averaged (TRL's "grpo"), so a short completion's tokens weigh more than a long one's."""
     rollout_buffer_size: int = 2
     """Task items rolled out together (one batched generate per agent and turn) per update. 2
     gives twice the optimizer steps of 4 for the same samples, which learned more in the
@@ -105,7 +107,7 @@ class MAGRPOConfig(SharedConfig):
                 f"advantage_normalization must be True, False or one of {list(ADVANTAGE_SCALES)} "
                 f"(TRL's scale_rewards), got {scale!r}."
             )
-        self._choice("loss_aggregation", LOSS_AGGREGATIONS)
+        self._choice("loss_aggregation", AGGREGATIONS)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
         self._bool("prefix_sharing")

@@ -70,7 +70,10 @@ FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
         "in the MAGRPO family TRL's values: 'group' (or True), 'batch', 'none' (or False); "
         "in the actor-critics True z-scores the round's advantages",
     ),
-    "loss_type": (("loss_aggregation",), "sequence_sum or token_mean"),
+    "loss_type": (
+        ("loss_aggregation",),
+        "sequence_sum, token_mean (TRL's 'dapo') or sequence_mean (TRL's 'grpo')",
+    ),
     "use_vllm": (("generation_backend",), "generation_backend='vllm' (the cmlrl[vllm] extra)"),
     "fp16": (
         ("bf16",),

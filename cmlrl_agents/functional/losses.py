@@ -28,7 +28,7 @@ __all__ = [
     "value_loss",
 ]
 
-AGGREGATIONS: tuple[str, ...] = ("sequence_sum", "token_mean")
+AGGREGATIONS: tuple[str, ...] = ("sequence_sum", "token_mean", "sequence_mean")
 """Token aggregations accepted by :func:`policy_gradient_loss`."""
 
 
@@ -178,8 +178,10 @@ def aggregate(
     num_tokens: float | None = None,
 ) -> Tensor:
     """The scalar loss of per-token losses: their sum over ``num_sequences`` (``"sequence_sum"``:
-    each sequence's tokens summed, then the mean over sequences) or over ``num_tokens``
-    (``"token_mean"``: the mean over every real token, Dr.GRPO/DAPO-style).
+    each sequence's tokens summed, then the mean over sequences), over ``num_tokens``
+    (``"token_mean"``: the mean over every real token, Dr.GRPO/DAPO-style), or each sequence's
+    mean over its own real tokens, summed over ``num_sequences`` (``"sequence_mean"``: the
+    original GRPO's, TRL's ``loss_type="grpo"``).
 
     The counts default to this batch's own; a learner that splits one optimizer step into
     forward chunks (and ranks) passes the step's totals, so the chunks' losses add up to the
@@ -188,6 +190,11 @@ def aggregate(
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     count: float | Tensor
+    if aggregation == "sequence_mean":
+        # A sequence's length is its own row's: chunks of whole rows add up to the step's loss.
+        lengths = mask.sum(dim=-1).clamp(min=1).to(token_losses.dtype)
+        count = token_losses.shape[0] if num_sequences is None else num_sequences
+        return (token_losses.sum(dim=-1) / lengths).sum() / count
     if aggregation == "sequence_sum":
         count = token_losses.shape[0] if num_sequences is None else num_sequences
     else:
@@ -213,6 +220,8 @@ def policy_gradient_loss(
     - ``"sequence_sum"``: ``mean_i sum_t s_it`` (MAGRPO's objective: sequence log-prob summed,
       so longer completions carry more weight).
     - ``"token_mean"``: ``sum_{i,t} s_it / sum(mask)`` (Dr.GRPO/DAPO-style token mean).
+    - ``"sequence_mean"``: ``mean_i (sum_t s_it / L_i)`` with ``L_i`` sequence ``i``'s real
+      tokens (GRPO's original; each completion weighs the same whatever its length).
 
     Returns:
         A 0-d tensor carrying gradient to ``logprobs``.

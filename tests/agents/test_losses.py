@@ -61,7 +61,23 @@ def test_token_mean_hand() -> None:
     _close(grad, [[-0.4, -0.4, -0.4], [0.2, 0.2, 0.0]])
 
 
-@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
+def test_sequence_mean_hand() -> None:
+    # per sequence -A * mean logp: row 0 -> -2 * (-6 / 3) = 4; row 1 -> 1 * (-2 / 2) = -1
+    # mean over sequences = 1.5; d/dlogp = -A_i / (B * L_i): row 0 -> -2/6, row 1 -> 1/4
+    loss, grad = _loss_and_grad(_logp(), aggregation="sequence_mean")
+    _close(loss, 1.5)
+    _close(grad, [[-1 / 3, -1 / 3, -1 / 3], [0.25, 0.25, 0.0]])
+
+
+def test_sequence_mean_of_equal_lengths_is_sequence_sum_over_the_length() -> None:
+    mask = torch.ones(2, 3)
+    mean, mean_grad = _loss_and_grad(_logp(), mask=mask, aggregation="sequence_mean")
+    total, total_grad = _loss_and_grad(_logp(), mask=mask, aggregation="sequence_sum")
+    torch.testing.assert_close(mean, total / 3)
+    torch.testing.assert_close(mean_grad, total_grad / 3)
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean", "sequence_mean"])
 @pytest.mark.parametrize("clipped", [False, True])
 def test_masked_tokens_have_no_effect(aggregation: str, clipped: bool) -> None:
     extra = (
@@ -76,7 +92,7 @@ def test_masked_tokens_have_no_effect(aggregation: str, clipped: bool) -> None:
         torch.testing.assert_close(changed[1], base[1], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
+@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean", "sequence_mean"])
 @pytest.mark.parametrize("clip_range", [None, 0.2])
 def test_batched_equals_weighted_sum_of_single_samples(
     aggregation: str, clip_range: float | None
@@ -90,9 +106,12 @@ def test_batched_equals_weighted_sum_of_single_samples(
     adv = torch.tensor([0.7, -1.3, 2.0], dtype=F64)
     batched = policy_gradient_loss(logp, mask, adv, aggregation, old, clip_range)
 
-    # sequence_sum: mean over sequences -> weight 1/B; token_mean: weight n_i / sum(n).
+    # sequence_sum and sequence_mean: mean over sequences -> weight 1/B (a single sequence's
+    # own mean is its sequence_mean); token_mean: weight n_i / sum(n).
     counts = mask.sum(dim=1).to(F64)
-    weights = torch.full((3,), 1.0 / 3) if aggregation == "sequence_sum" else counts / counts.sum()
+    weights = (
+        counts / counts.sum() if aggregation == "token_mean" else torch.full((3,), 1.0 / 3)
+    )
     singles = [
         policy_gradient_loss(
             logp[i : i + 1],

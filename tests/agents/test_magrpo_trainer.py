@@ -192,7 +192,7 @@ def one_agent_batch(learner, rows: list[PolicyRow]) -> TrainBatch:
     return TrainBatch(tuple(rows), learner.windows(len({r.item_slot for r in rows})))
 
 
-@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
+@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean", "sequence_mean"])
 def test_forward_chunks_give_the_same_update_as_one_batch(tmp_path, aggregation):
     prompts = [(1, 5, 9), (1, 7), (2, 3, 4, 5)]
     rows = [
