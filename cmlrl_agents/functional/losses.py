@@ -179,7 +179,7 @@ def aggregate(
 ) -> Tensor:
     """The scalar loss of per-token losses: their sum over ``num_sequences`` (``"sequence_sum"``:
     each sequence's tokens summed, then the mean over sequences), over ``num_tokens``
-    (``"token_mean"``: the mean over every real token, Dr.GRPO/DAPO-style), or each sequence's
+    (``"token_mean"``: the mean over every real token, DAPO's), or each sequence's
     mean over its own real tokens, summed over ``num_sequences`` (``"sequence_mean"``: the
     original GRPO's, TRL's ``loss_type="grpo"``).
 
@@ -218,8 +218,8 @@ def policy_gradient_loss(
     minimise: :func:`policy_token_losses` aggregated by :func:`aggregate`.
 
     - ``"sequence_sum"``: ``mean_i sum_t s_it`` (MAGRPO's objective: sequence log-prob summed,
-      so longer completions carry more weight).
-    - ``"token_mean"``: ``sum_{i,t} s_it / sum(mask)`` (Dr.GRPO/DAPO-style token mean).
+      so longer completions carry more weight; Dr. GRPO's up to a constant).
+    - ``"token_mean"``: ``sum_{i,t} s_it / sum(mask)`` (DAPO's token mean).
     - ``"sequence_mean"``: ``mean_i (sum_t s_it / L_i)`` with ``L_i`` sequence ``i``'s real
       tokens (GRPO's original; each completion weighs the same whatever its length).
 
