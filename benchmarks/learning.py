@@ -48,10 +48,12 @@ from reference_env import reference_python, run_child
 COMMON = textwrap.dedent("""
     import json, sys, time
     import torch
-    torch.manual_seed(0)
+    spec = json.loads(sys.argv[1])
+    # comlrl draws from torch's global generator (it has no seed of its own); ours draws from
+    # its config's seed and keeps 0 here.
+    torch.manual_seed(spec["torch_seed"])
     from transformers import AutoTokenizer
     from cmlrl_env import tasks
-    spec = json.loads(sys.argv[1])
     model = spec["model"]
     train, held_out = tasks.length_ratio_splits()
     if spec["program"] == "all10":  # the seed's 10 prompts, trained on and evaluated on
@@ -172,7 +174,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="another MAGRPOConfig field of ours, e.g. temperature=0.8 (repeatable)",
     )
     parser.add_argument("--comlrl-lr", type=float, help="comlrl's (default: its 5e-6)")
-    parser.add_argument("--seed", type=int, default=0, help="our config's seed")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="our config's seed; comlrl, which has none, seeds torch's global generator with it",
+    )
     parser.add_argument(
         "--program",
         choices=("split", "all10"),
@@ -286,6 +293,7 @@ def run(name: str, args: argparse.Namespace, budget: float | None) -> dict:
             "eval_every": args.eval_every,
             "program": args.program,
             "seed": args.seed,
+            "torch_seed": args.seed if name == "comlrl" else 0,
             "budget": budget,
             "overrides": overrides,
             "out": out,

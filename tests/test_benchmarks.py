@@ -60,6 +60,24 @@ def test_learning_refuses_to_keep_a_run_it_does_not_make(bench, capsys) -> None:
     assert "--keep-run keeps our run folder, and --only comlrl runs none" in capsys.readouterr().err
 
 
+def test_learning_seeds_torch_for_comlrl_only(bench, monkeypatch) -> None:
+    # comlrl has no seed of its own: --seed reaches it through torch's global generator; ours
+    # draws from its config's seed and keeps the generator at 0, as in every earlier run.
+    specs = {}
+
+    def child(python, program, spec, threads):
+        specs["comlrl" if "from comlrl" in program else "cmlrl"] = spec
+        return {"before": 0.0, "after": 0.0, "seconds": 1.0, "cpu_seconds": 1.0}
+
+    monkeypatch.setattr(bench["learning"], "run_child", child)
+    monkeypatch.setattr(bench["learning"], "reference_python", lambda venv: "python")
+    args = bench["learning"].parse_args(["--seed", "3"])
+    for name in ("comlrl", "cmlrl"):
+        bench["learning"].run(name, args, None)
+    assert (specs["comlrl"]["torch_seed"], specs["comlrl"]["seed"]) == (3, 3)
+    assert (specs["cmlrl"]["torch_seed"], specs["cmlrl"]["seed"]) == (0, 3)
+
+
 CURVE = [
     {"rounds": 0, "items": 0, "train_s": 0.0, "train_cpu_s": 0.0, "reward": 0.40, "se": 0.1},
     {"rounds": 1, "items": 4, "train_s": 90.0, "train_cpu_s": 80.0, "reward": 0.70, "se": 0.1},
