@@ -109,9 +109,7 @@ def test_batched_equals_weighted_sum_of_single_samples(
     # sequence_sum and sequence_mean: mean over sequences -> weight 1/B (a single sequence's
     # own mean is its sequence_mean); token_mean: weight n_i / sum(n).
     counts = mask.sum(dim=1).to(F64)
-    weights = (
-        counts / counts.sum() if aggregation == "token_mean" else torch.full((3,), 1.0 / 3)
-    )
+    weights = counts / counts.sum() if aggregation == "token_mean" else torch.full((3,), 1.0 / 3)
     singles = [
         policy_gradient_loss(
             logp[i : i + 1],
