@@ -189,16 +189,13 @@ def aggregate(
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-    count: float | Tensor
+    if aggregation == "token_mean":
+        return token_losses.sum() / (mask.sum() if num_tokens is None else num_tokens)
+    count = token_losses.shape[0] if num_sequences is None else num_sequences
     if aggregation == "sequence_mean":
-        # A sequence's length is its own row's: chunks of whole rows add up to the step's loss.
+        # A row's length is its own: chunks of whole rows add up to the step's loss.
         lengths = mask.sum(dim=-1).clamp(min=1).to(token_losses.dtype)
-        count = token_losses.shape[0] if num_sequences is None else num_sequences
         return (token_losses.sum(dim=-1) / lengths).sum() / count
-    if aggregation == "sequence_sum":
-        count = token_losses.shape[0] if num_sequences is None else num_sequences
-    else:
-        count = mask.sum() if num_tokens is None else num_tokens
     return token_losses.sum() / count
 
 
