@@ -7,7 +7,8 @@ each) before and after training. Every setting of ``--grid`` (the library's defa
 runs once per ``--seeds`` seed, each in a fresh child process, and the table gives the mean and
 the spread over the seeds of the reward before and after, the worst seed's change, and the
 training time. The target is the comlrl figure of ``--yardstick`` (its 2-epoch final, measured
-by ``python benchmarks/learning.py --only comlrl --program all10 --epochs 2 --comlrl-lr 2e-5``):
+on this program by ``python benchmarks/learning.py --only comlrl --program all10 --items 10
+--epochs 2 --comlrl-lr 2e-5 --eval-repeats 4``; ``--seed`` sets torch's generator for comlrl):
 after one epoch, the mean over seeds at least that, and no seed below where it started.
 
     python benchmarks/defaults.py --seeds 0 1 2                       # the defaults
