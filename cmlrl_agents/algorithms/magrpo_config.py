@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cmlrl_agents.foundation.config import SharedConfig
-from cmlrl_agents.functional.losses import AGGREGATIONS
 
 __all__ = ["MAGRPOConfig", "MAREINFORCEConfig", "MAReMaxConfig", "MARLOOConfig"]
 
 JOINT_MODES = ("aligned", "cross")
 ADVANTAGE_MODES = ("mean", "rloo", "max", "raw")
 ADVANTAGE_SCALES = ("group", "batch", "none")
+# functional.losses.AGGREGATIONS, spelled out: configs load without torch (tested equal).
+LOSS_AGGREGATIONS = ("sequence_sum", "token_mean", "sequence_mean")
 
 
 @dataclass
@@ -107,7 +108,7 @@ class MAGRPOConfig(SharedConfig):
                 f"advantage_normalization must be True, False or one of {list(ADVANTAGE_SCALES)} "
                 f"(TRL's scale_rewards), got {scale!r}."
             )
-        self._choice("loss_aggregation", AGGREGATIONS)
+        self._choice("loss_aggregation", LOSS_AGGREGATIONS)
         self._bool("reference_kl_enabled")
         self._real("reference_kl_coef", 0.0)
         self._bool("prefix_sharing")

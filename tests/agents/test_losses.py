@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from cmlrl_agents.algorithms.magrpo_config import LOSS_AGGREGATIONS
 from cmlrl_agents.functional.losses import (
+    AGGREGATIONS,
     kl_k3,
     masked_mean,
     masked_sum,
@@ -42,6 +44,10 @@ def _loss_and_grad(logp: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Te
 
 
 # --------------------------------------------------------------------------- plain policy loss
+
+
+def test_the_config_accepts_exactly_the_aggregations_the_loss_has() -> None:
+    assert LOSS_AGGREGATIONS == AGGREGATIONS
 
 
 def test_sequence_sum_hand() -> None:
