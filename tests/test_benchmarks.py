@@ -261,6 +261,7 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
     finally:
         sys.path.remove(str(BENCHMARKS))
     out = capsys.readouterr().out
+    assert "torch's CPU kernels: " in out and "the library makes the copies here: " in out
     assert out.count("rows: without") == 2 and out.count("same tokens: True") == 2
     assert out.count(" rows: ") == 2 + 3 * 2  # 3 weight shapes at each row count
     with pytest.raises(SystemExit):

@@ -16,6 +16,12 @@ from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.testing import tiny_agent
 
 
+@pytest.fixture(autouse=True)
+def _copies_pay_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the copies do is tested on every CPU; whether they are made is the gate's test below.
+    monkeypatch.setattr(layout, "copies_pay_off", lambda: True)
+
+
 def _layer(bias: bool = True) -> nn.Linear:
     torch.manual_seed(0)
     return nn.Linear(12, 20, bias=bias)
@@ -71,6 +77,22 @@ def test_no_copies_for_a_batch_whose_decoding_steps_would_not_use_them() -> None
     layer = _layer()
     with layout.decode_layout(layer, layout.DECODE_ROWS + 1):
         assert "forward" not in vars(layer)
+
+
+@pytest.mark.parametrize(
+    ("capability", "copies"),
+    [("AVX512", True), ("AVX2", False), ("DEFAULT", False), ("SVE256", False)],
+)
+def test_copies_are_made_only_where_torch_runs_the_kernels_they_speed_up(
+    monkeypatch: pytest.MonkeyPatch, capability: str, copies: bool
+) -> None:
+    monkeypatch.undo()  # this test is of the real gate
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert layout.copies_pay_off() is copies
+    layer = _layer()
+    with layout.decode_layout(layer, 1):
+        assert ("forward" in vars(layer)) is copies
+    assert "forward" not in vars(layer)
 
 
 def test_generation_runs_its_decoding_steps_on_the_copies_and_samples_the_same_tokens(
