@@ -3,9 +3,9 @@
 Wraps the model forwards (split into generation, with-gradient and no-gradient passes, with the
 batch shapes of the scoring passes), ``Tensor.backward``, ``AdamW.step``, ``generate`` and the
 trainer's evaluation and round functions where the tree has them, then runs the script and
-prints each one's call count, wall and process-CPU seconds at exit. On a shared machine CPU
-seconds and counts are the figures to compare; run the two trees side by side on one workload
-(the same seed gives the same completions, so the counts must agree):
+prints each one's call count, wall and process-CPU seconds and minor page faults at exit. On a
+shared machine CPU seconds and counts are the figures to compare; run the two trees side by
+side on one workload (the same seed gives the same completions, so the counts must agree):
 
     PYTHONPATH=/path/to/old OMP_NUM_THREADS=1 python benchmarks/profile_calls.py \\
         examples/length_ratio.py --epochs 1 --eval-repeats 1 --output-dir /tmp/old-run
@@ -38,20 +38,31 @@ from typing import Any
 
 import torch
 
-STATS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, wall s, cpu s
+STATS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0])  # calls, wall, cpu, faults
 SHAPES: Counter[tuple[str, tuple[int, ...]]] = Counter()
 TIMELINE: list[float] = []  # [start of the run] once --timeline is on
 TIMED = ("generate", "backward", "AdamW.step", "MAGRPOTrainer round")
 
 
-def _record(key: str, wall: float, cpu: float) -> None:
+def _faults() -> int:
+    """The process's minor page faults so far: memory touched for the first time since the
+    allocator took it from the kernel (on a virtual machine each can cost microseconds)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _record(key: str, wall: float, cpu: float, faults: int) -> None:
     took = time.perf_counter() - wall
+    new_faults = _faults() - faults
     entry = STATS[key]
     entry[0] += 1
     entry[1] += took
     entry[2] += time.process_time() - cpu
+    entry[3] += new_faults
     if TIMELINE and key in TIMED:
-        print(f"{key:24s} at {wall - TIMELINE[0]:8.2f} s  took {took:7.3f} s", file=sys.stderr)
+        print(
+            f"{key:24s} at {wall - TIMELINE[0]:8.2f} s  took {took:7.3f} s  faults {new_faults:8d}",
+            file=sys.stderr,
+        )
 
 
 def wrap(owner: Any, name: str, key: str) -> None:
@@ -61,11 +72,11 @@ def wrap(owner: Any, name: str, key: str) -> None:
         return
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, faults = time.perf_counter(), time.process_time(), _faults()
         try:
             return original(*args, **kwargs)
         finally:
-            _record(key, wall, cpu)
+            _record(key, wall, cpu, faults)
 
     setattr(owner, name, timed)
 
@@ -78,7 +89,7 @@ def wrap_forward(model_class: type) -> None:
     # bare (*args, **kwargs) wrapper would turn those paths off and profile another program.
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, faults = time.perf_counter(), time.process_time(), _faults()
         ids = kwargs.get("input_ids", args[0] if args else None)
         if torch.is_inference_mode_enabled():
             mode = "forward/generation"
@@ -87,7 +98,7 @@ def wrap_forward(model_class: type) -> None:
         try:
             return original(self, *args, **kwargs)
         finally:
-            _record(mode, wall, cpu)
+            _record(mode, wall, cpu, faults)
             if ids is not None and mode != "forward/generation":
                 SHAPES[(mode, tuple(ids.shape))] += 1
 
@@ -135,8 +146,11 @@ def report(start_wall: float, start_cpu: float) -> None:
     print(f"torch threads {torch.get_num_threads()}", file=out)
     total_wall, total_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
     print(f"TOTAL wall {total_wall:.1f} s, cpu {total_cpu:.1f} s", file=out)
-    for key, (calls, wall, cpu) in sorted(STATS.items(), key=lambda kv: -kv[1][2]):
-        print(f"{key:32s} calls {calls:6d}  wall {wall:8.1f} s  cpu {cpu:8.1f} s", file=out)
+    for key, (calls, wall, cpu, faults) in sorted(STATS.items(), key=lambda kv: -kv[1][2]):
+        print(
+            f"{key:32s} calls {calls:6d}  wall {wall:8.1f} s  cpu {cpu:8.1f} s  faults {faults:9d}",
+            file=out,
+        )
     for (mode, shape), count in sorted(SHAPES.items()):
         print(f"{mode:20s} input_ids {shape} x{count}", file=out)
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -284,12 +284,16 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
     proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    calls = {}
+    calls, faults = {}, {}
     for line in proc.stderr.splitlines():
         if " calls " in line:
             name, rest = line.split(" calls ")
             calls[name.strip()] = int(rest.split()[0])
+            faults[name.strip()] = int(rest.split(" faults ")[1])
     assert calls["generate"] == 12
+    # a round's page faults hold those of the update inside it, which hold its backwards'
+    assert faults["MAGRPOTrainer round"] >= faults["PolicyGradientLearner.update"]
+    assert faults["PolicyGradientLearner.update"] >= faults["backward"] > 0
     assert calls["TeamTrainer.evaluate_items"] == 2
     assert calls["MAGRPOTrainer round"] == calls["PolicyGradientLearner.update"] == 4
     assert calls["AdamW.step"] == 8
@@ -302,6 +306,7 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
         re.findall(r"(generate|backward|AdamW\.step|MAGRPOTrainer round) +at ", proc.stderr)
     )
     assert timeline == {"generate": 12, "backward": 8, "AdamW.step": 8, "MAGRPOTrainer round": 4}
+    assert len(re.findall(r"took +[\d.]+ s +faults +\d+", proc.stderr)) == 12 + 8 + 8 + 4
     assert proc.stderr.count("operators by self CPU time") == 1
     assert "round 2, operators by self CPU time" in proc.stderr and "aten::mm" in proc.stderr
     assert "process: user " in proc.stderr and "minor page faults" in proc.stderr
