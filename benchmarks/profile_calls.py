@@ -16,7 +16,9 @@ began, how long it took), so a first round's one-time costs show against the lat
 ``M_MMAP_THRESHOLD`` 32 MiB, its largest, and ``M_TRIM_THRESHOLD`` 2 GiB) before the script
 runs, to measure what the page faults of memory handed back and taken again cost;
 ``--ops-of-round N`` runs the N-th training round (from 1) under ``torch.profiler`` and prints
-its 40 costliest operator calls by self CPU time, grouped by input shapes. The report ends
+its 40 costliest operator calls by self CPU time, grouped by input shapes (with
+``--ops-by-memory``, by the memory they allocate instead: where a round's fresh memory, and so
+its page faults, come from). The report ends
 with the process's user and system CPU seconds, minor page faults and peak RSS.
 """
 
@@ -161,8 +163,9 @@ def report(start_wall: float, start_cpu: float) -> None:
     )
 
 
-def profile_round(number: int) -> None:
-    """Run round ``number`` (from 1) under ``torch.profiler``; print its costliest operators."""
+def profile_round(number: int, by_memory: bool = False) -> None:
+    """Run round ``number`` (from 1) under ``torch.profiler``; print its costliest operators
+    by self CPU time, or by the memory they allocate (``by_memory``)."""
     from torch.profiler import ProfilerActivity, profile
 
     trainer = tree_module("algorithms.magrpo", "magrpo").MAGRPOTrainer
@@ -176,12 +179,19 @@ def profile_round(number: int) -> None:
         seen[0] += 1
         if seen[0] != number:
             return original(self, *args, **kwargs)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=by_memory
+        ) as prof:
             result = original(self, *args, **kwargs)
-        table = prof.key_averages(group_by_input_shape=True).table(
-            sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=40
+        sort_by, what = (
+            ("self_cpu_memory_usage", "memory")
+            if by_memory
+            else ("self_cpu_time_total", "CPU time")
         )
-        print(f"round {number}, operators by self CPU time:\n{table}", file=sys.stderr)
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by=sort_by, row_limit=40, max_name_column_width=40
+        )
+        print(f"round {number}, operators by self {what}:\n{table}", file=sys.stderr)
         return result
 
     setattr(trainer, name, round_)
@@ -201,11 +211,12 @@ def main() -> None:
     args = sys.argv[1:]
     usage = (
         "usage: python benchmarks/profile_calls.py [--timeline] [--keep-freed-memory] "
-        "[--ops-of-round N] SCRIPT [ARGS...]"
+        "[--ops-of-round N [--ops-by-memory]] SCRIPT [ARGS...]"
     )
     given: set[str] = set()
     ops_round = None
-    while args and args[0] in {"--timeline", "--keep-freed-memory", "--ops-of-round"}:
+    options = {"--timeline", "--keep-freed-memory", "--ops-of-round", "--ops-by-memory"}
+    while args and args[0] in options:
         option = args.pop(0)
         if option == "--ops-of-round":
             if not args or not args[0].isdigit() or int(args[0]) < 1:
@@ -214,11 +225,13 @@ def main() -> None:
         given.add(option)
     if not args:
         sys.exit(usage)
+    if "--ops-by-memory" in given and ops_round is None:
+        sys.exit(f"--ops-by-memory sorts the operators of --ops-of-round N; give both. {usage}")
     if "--keep-freed-memory" in given:
         keep_freed_memory()
     install()
     if ops_round is not None:
-        profile_round(ops_round)
+        profile_round(ops_round, by_memory="--ops-by-memory" in given)
     start = time.perf_counter()
     if "--timeline" in given:
         TIMELINE.append(start)

@@ -312,6 +312,33 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     assert "process: user " in proc.stderr and "minor page faults" in proc.stderr
 
 
+def test_profile_calls_sorts_a_rounds_operators_by_the_memory_they_allocate(
+    tmp_path: Path,
+) -> None:
+    script = str(BENCHMARKS / "profile_calls.py")
+    root = BENCHMARKS.parent
+    alone = subprocess.run(
+        [sys.executable, script, "--ops-by-memory", "train.py"], capture_output=True, text=True
+    )
+    assert alone.returncode != 0 and "give both" in alone.stderr
+    command = [sys.executable, script, "--ops-of-round", "2", "--ops-by-memory"]
+    command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
+    command += ["--eval-repeats", "1", "--max-new-tokens", "2", "--output-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = proc.stderr.split("round 2, operators by self memory:")[1]
+    # the rows come largest allocation first, in the table's "Self CPU Mem" column
+    sizes = []
+    for line in table.splitlines():
+        cells = re.findall(r"(-?[\d.]+) (b|Kb|KB|MB|GB)\b", line)
+        if line.strip().startswith("aten::") and len(cells) >= 2:
+            number, unit = cells[1]
+            scale = {"b": 1, "Kb": 2**10, "KB": 2**10, "MB": 2**20, "GB": 2**30}[unit]
+            sizes.append(float(number) * scale)
+    assert len(sizes) >= 3 and sizes == sorted(sizes, reverse=True)
+
+
 def test_free_points_scores_content_free_answers_on_both_tasks(tmp_path: Path, capsys) -> None:
     sys.path.insert(0, str(BENCHMARKS))
     try:
