@@ -52,6 +52,11 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _marks() -> tuple[float, float, int]:
+    """Wall clock, process CPU time and page faults now: a wrapped call's start."""
+    return time.perf_counter(), time.process_time(), _faults()
+
+
 def _record(key: str, wall: float, cpu: float, faults: int) -> None:
     took = time.perf_counter() - wall
     new_faults = _faults() - faults
@@ -74,7 +79,7 @@ def wrap(owner: Any, name: str, key: str) -> None:
         return
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        wall, cpu, faults = time.perf_counter(), time.process_time(), _faults()
+        wall, cpu, faults = _marks()
         try:
             return original(*args, **kwargs)
         finally:
@@ -91,7 +96,7 @@ def wrap_forward(model_class: type) -> None:
     # bare (*args, **kwargs) wrapper would turn those paths off and profile another program.
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wall, cpu, faults = time.perf_counter(), time.process_time(), _faults()
+        wall, cpu, faults = _marks()
         ids = kwargs.get("input_ids", args[0] if args else None)
         if torch.is_inference_mode_enabled():
             mode = "forward/generation"

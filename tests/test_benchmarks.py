@@ -268,22 +268,29 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
         decode_layout.parse_args(["--rows", "3"])
 
 
+def _profile_tiny_main_job(tmp_path: Path, options: list[str]) -> subprocess.CompletedProcess[str]:
+    """profile_calls.py with ``options`` over one epoch of the --tiny main job (2 new tokens);
+    its finished process, checked to have succeeded."""
+    root = BENCHMARKS.parent
+    command = [sys.executable, str(BENCHMARKS / "profile_calls.py"), *options]
+    command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
+    command += ["--eval-repeats", "1", "--max-new-tokens", "2", "--output-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
 def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     # --tiny main job, 1 epoch of 8 items: 4 rounds (rollout_buffer_size 2) and 2 evaluations,
     # so 2 agents x (4 + 2) generate calls and one AdamW step per agent and round, from one
     # forward chunk (8 samples, forward_batch_size 8) with a backward each. The timeline lists
     # each of those calls once, and the second round's operators come from torch.profiler;
     # the allocator switch needs glibc.
-    root = BENCHMARKS.parent
-    command = [sys.executable, str(BENCHMARKS / "profile_calls.py"), "--timeline"]
-    command += ["--ops-of-round", "2"]
+    options = ["--timeline", "--ops-of-round", "2"]
     if platform.libc_ver()[0] == "glibc":
-        command.append("--keep-freed-memory")
-    command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
-    command += ["--eval-repeats", "1", "--max-new-tokens", "2", "--output-dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+        options.append("--keep-freed-memory")
+    proc = _profile_tiny_main_job(tmp_path, options)
     calls, faults = {}, {}
     for line in proc.stderr.splitlines():
         if " calls " in line:
@@ -315,18 +322,13 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
 def test_profile_calls_sorts_a_rounds_operators_by_the_memory_they_allocate(
     tmp_path: Path,
 ) -> None:
-    script = str(BENCHMARKS / "profile_calls.py")
-    root = BENCHMARKS.parent
     alone = subprocess.run(
-        [sys.executable, script, "--ops-by-memory", "train.py"], capture_output=True, text=True
+        [sys.executable, str(BENCHMARKS / "profile_calls.py"), "--ops-by-memory", "train.py"],
+        capture_output=True,
+        text=True,
     )
     assert alone.returncode != 0 and "give both" in alone.stderr
-    command = [sys.executable, script, "--ops-of-round", "2", "--ops-by-memory"]
-    command += [str(root / "examples" / "length_ratio.py"), "--tiny", "--epochs", "1"]
-    command += ["--eval-repeats", "1", "--max-new-tokens", "2", "--output-dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _profile_tiny_main_job(tmp_path, ["--ops-of-round", "2", "--ops-by-memory"])
     table = proc.stderr.split("round 2, operators by self memory:")[1]
     # the rows come largest allocation first, in the table's "Self CPU Mem" column
     sizes = []
