@@ -1,18 +1,20 @@
-"""Decoding with ``[in, out]`` weight copies (``policies/decode_layout.py``) against without.
+"""Decoding with prepared weights (``policies/decode_layout.py``) against without.
 
-Two measurements, each in alternating order in one process, so that both sides share the
+Two measurements, each in alternating order in one process, so that every side shares the
 machine's load:
-- the matrix products alone: ``nn.Linear`` against ``x @ W_t`` for SmolLM2-135M's weight
-  shapes at ``--rows`` rows (median microseconds of ``--repeats`` x 50 calls; warm caches, so
-  they favour neither side's memory traffic);
+- the matrix products alone: ``nn.Linear`` against ``x @ W_t`` (the ``[in, out]`` copy) and
+  against oneDNN's linear on the weight packed for it, for SmolLM2-135M's weight shapes at
+  ``--rows`` rows (median microseconds of ``--repeats`` x 50 calls; warm caches, so they favour
+  neither side's memory traffic);
 - whole ``generate`` calls of SmolLM2-135M-Instruct (local, SPEC §9) on the seed's length-ratio
   prompts in the chat template (detailed formatter), ``--tokens`` forced tokens, 2 prompts x
   ``rows / 2`` samples, the library's sampling defaults, a key per row: process CPU seconds per
-  decoding step with the copies (their making included) and without them, and whether the two
-  sampled the same tokens.
+  decoding step with every linear layer's copy, with the output layer packed (each side's
+  preparing included) and without either, and whether each sampled the tokens of "without".
 
-The library makes the copies only where torch runs its AVX-512 kernels (``copies_pay_off``); the
-header says which kernels this machine runs, and "with copies" makes them whatever it says.
+The library makes the copies where torch runs its AVX-512 kernels (``copies_pay_off``) and packs
+the output layer where it runs its AVX2 kernels (``packing_pays_off``); the header says which
+kernels this machine runs and which the library uses, and each side is forced whatever it says.
 
     OMP_NUM_THREADS=1 python benchmarks/decode_layout.py --threads 1 --rows 8 16 32
 """
@@ -23,7 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from functools import partial
 from unittest import mock
 
@@ -67,50 +69,74 @@ def _micro(call: Callable[[], object], repeats: int) -> float:
     return statistics.median(runs)
 
 
+def _onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def products(rows: list[int], repeats: int) -> None:
-    print("matrix products, warm caches (µs per call): nn.Linear, x @ W_t, ratio")
+    packing = _onednn()
+    print(
+        "matrix products, warm caches (µs per call): nn.Linear, x @ W_t (ratio)"
+        + (", oneDNN packed (ratio)" if packing else "")
+    )
     for name, (out_features, in_features) in SHAPES.items():
         weight = torch.randn(out_features, in_features)
         weight_t = weight.t().contiguous()
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8) if packing else None
         for m in rows:
             x = torch.randn(m, in_features)
             plain = _micro(partial(torch.nn.functional.linear, x, weight), repeats)
             copied = _micro(partial(torch.matmul, x, weight_t), repeats)
-            print(
+            line = (
                 f"  {name:13s} [{out_features}, {in_features}] x {m:3d} rows: "
-                f"{plain:8.0f}  {copied:8.0f}  {copied / plain:5.2f}x"
+                f"{plain:8.0f}  {copied:8.0f} ({copied / plain:4.2f}x)"
             )
+            if packed is not None:
+                pointwise = torch.ops.mkldnn._linear_pointwise
+                onednn = _micro(partial(pointwise, x, packed, None, "none", [], ""), repeats)
+                line += f"  {onednn:8.0f} ({onednn / plain:4.2f}x)"
+            print(line)
+
+
+def _side(name: str) -> AbstractContextManager[object]:
+    """The library's decoding path forced to one layout: ``name`` from :data:`SIDES`."""
+    if name == "without":
+        return mock.patch.object(
+            agent_module, "decode_layout", lambda model, sequences: nullcontext()
+        )
+    stack = ExitStack()
+    stack.enter_context(mock.patch.object(layout, "copies_pay_off", lambda: name == "copies"))
+    stack.enter_context(mock.patch.object(layout, "packing_pays_off", lambda: name == "packed"))
+    return stack
 
 
 def generation(agent: LLMAgent, rows: list[int], tokens: int, repeats: int) -> None:
     items = tasks.length_ratio_dataset().select(range(2))
     prompts = [tasks.detailed_formatter(item) for item in items]
     sampling = SamplingConfig(max_new_tokens=tokens, min_new_tokens=tokens)
-    print(f"generate, {tokens} forced tokens (process CPU ms per decoding step):")
+    sides = ["without", "copies"] + (["packed"] if _onednn() else [])
+    print(
+        f"generate, {tokens} forced tokens (process CPU ms per decoding step): without, "
+        "every layer copied, the output layer packed (ratios to without)"
+    )
     for m in rows:
         keys = [row_key(0, p, g) for p in range(2) for g in range(m // 2)]
-        seconds: dict[str, list[float]] = {"with copies": [], "without": []}
+        seconds: dict[str, list[float]] = {side: [] for side in sides}
         tokens_of: dict[str, list[tuple[int, ...]]] = {}
         for _ in range(repeats):
-            for side in seconds:
-                path = (
-                    mock.patch.object(
-                        agent_module, "decode_layout", lambda model, sequences: nullcontext()
-                    )
-                    if side == "without"
-                    else mock.patch.object(layout, "copies_pay_off", lambda: True)
-                )
-                with path:
+            for side in sides:
+                with _side(side):
                     start = time.process_time()
                     out = agent.generate(prompts, m // 2, sampling, keys=keys)
                     seconds[side].append(time.process_time() - start)
                 tokens_of[side] = [c.completion_ids for row in out for c in row]
-        copied, without = (statistics.median(seconds[s]) / tokens * 1e3 for s in seconds)
-        same = tokens_of["with copies"] == tokens_of["without"]
-        print(
-            f"  {m:3d} rows: without {without:6.1f}, with copies {copied:6.1f} "
-            f"({copied / without:.2f}x); same tokens: {same}"
-        )
+        per_step = {side: statistics.median(seconds[side]) / tokens * 1e3 for side in sides}
+        line = f"  {m:3d} rows: without {per_step['without']:6.1f}"
+        for side in sides[1:]:
+            same = tokens_of[side] == tokens_of["without"]
+            ratio = per_step[side] / per_step["without"]
+            line += f", {side} {per_step[side]:6.1f} ({ratio:.2f}x, same tokens: {same})"
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"threads {torch.get_num_threads()}, rows {args.rows}, tokens {args.tokens}")
     print(
         f"torch's CPU kernels: {torch.backends.cpu.get_cpu_capability()}; the library makes the "
-        f"copies here: {'yes' if layout.copies_pay_off() else 'no'}"
+        f"copies here: {'yes' if layout.copies_pay_off() else 'no'}; packs the output layer: "
+        f"{'yes' if layout.packing_pays_off() else 'no'}"
     )
     products(args.rows, args.repeats)
     agent = LLMAgent.from_pretrained(args.model or str(smollm2_path()))

@@ -22,11 +22,21 @@ runs its AVX2 kernels (MKL, one thread) the same step took 118 ms without the co
 with them, the output layer's product 1.3 times as long. So the copies are made only where
 torch runs its AVX-512 kernels (:func:`copies_pay_off`), the only kind they were measured to
 speed up.
+
+With the AVX2 kernels it is the output layer that runs slowly at few rows: MKL multiplied 8 rows
+by SmolLM2's ``[49152, 576]`` weight at about 4.5 GB/s of weight read, where a sum reads this
+CPU's memory at about 16. There :func:`decode_layout` instead hands that one layer's weight to
+oneDNN, packed once per ``generate`` call into its own blocked layout (0.12 s for SmolLM2), and
+multiplies the few-row steps with oneDNN's kernel: the product took 0.52-0.65 of MKL's time at
+4-32 rows, a whole decoding step of 8 rows about 0.9 (the packing included). Packing the other
+layers too gained nothing more: their weights come from memory at every step either way, and
+packing them all took 0.7 s a call (:func:`packing_pays_off`; ``docs/benchmarks.md``, "On a CPU
+with AVX2 kernels").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import TypeGuard
@@ -34,7 +44,7 @@ from typing import TypeGuard
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DECODE_ROWS", "copies_pay_off", "decode_layout"]
+__all__ = ["DECODE_ROWS", "copies_pay_off", "decode_layout", "packing_pays_off"]
 
 DECODE_ROWS = 32
 """Passes of at most this many rows (tokens over the whole batch) use the ``[in, out]`` copy:
@@ -49,11 +59,55 @@ def copies_pay_off() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
+def packing_pays_off() -> bool:
+    """Whether torch runs its AVX2 CPU kernels here and has oneDNN: there the output layer's
+    few-row products were measured faster with its weight packed for oneDNN (module docstring).
+    Other kernels (ARM's, plain x86) were not measured and keep ``nn.Linear``'s path."""
+    return (
+        torch.backends.cpu.get_cpu_capability() == "AVX2"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
 def _few_rows_forward(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
     if x.numel() // x.shape[-1] > DECODE_ROWS:
         return nn.functional.linear(x, layer.weight, layer.bias)
     y = x @ weight_t
     return y if layer.bias is None else y + layer.bias
+
+
+def _copied(layer: nn.Linear) -> Callable[[Tensor], Tensor]:
+    return partial(_few_rows_forward, layer, layer.weight.detach().t().contiguous())
+
+
+def _packed_forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
+    if x.numel() // x.shape[-1] > DECODE_ROWS:
+        return nn.functional.linear(x, layer.weight, layer.bias)
+    # oneDNN's linear on a weight packed by _reorder_linear_weight: the op torch's own compiler
+    # emits for a frozen linear layer on a CPU (its name is private, hence the gate's hasattr).
+    y: Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
+    return y
+
+
+def _packed(layer: nn.Linear) -> Callable[[Tensor], Tensor]:
+    # The batch size is a hint for oneDNN's layout: packed for 8 rows, 1 to 64 rows ran as fast
+    # as with a packing for their own count.
+    packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
+    return partial(_packed_forward, layer, packed)
+
+
+def _decoding_forwards(model: nn.Module) -> Iterator[tuple[nn.Linear, Callable[[Tensor], Tensor]]]:
+    """Each layer to change for decoding here, with the forward it decodes with."""
+    if copies_pay_off():
+        for module in model.modules():
+            if _eligible(module):
+                yield module, _copied(module)
+    elif packing_pays_off():
+        get_output = getattr(model, "get_output_embeddings", None)
+        output = None if get_output is None else get_output()
+        if output is not None and _eligible(output):
+            yield output, _packed(output)
 
 
 def _eligible(module: nn.Module) -> TypeGuard[nn.Linear]:
@@ -70,21 +124,21 @@ def _eligible(module: nn.Module) -> TypeGuard[nn.Linear]:
 
 @contextmanager
 def decode_layout(model: nn.Module, sequences: int) -> Iterator[None]:
-    """Within the block, every eligible ``nn.Linear`` of ``model`` multiplies passes of at most
-    :data:`DECODE_ROWS` rows by an ``[in, out]`` copy of its weight taken on entry. For
-    inference only: the copy does not follow later changes of the weight, and it has no
-    gradient. On leaving, the layers are as they were. ``sequences``: the rows of each decoding
-    step; above :data:`DECODE_ROWS` no step would use the copies, so none are made. Where
-    :func:`copies_pay_off` says no, the block changes nothing."""
+    """Within the block, the few-row passes (at most :data:`DECODE_ROWS` rows) of ``model``'s
+    layers run on weights prepared on entry for this CPU's kernels: where
+    :func:`copies_pay_off`, every eligible ``nn.Linear`` multiplies by an ``[in, out]`` copy of
+    its weight; where :func:`packing_pays_off`, the output layer (``get_output_embeddings()``)
+    multiplies by its weight packed for oneDNN; elsewhere the block changes nothing. For
+    inference only: the prepared weights do not follow later changes of the weight, and they have
+    no gradient. On leaving, the layers are as they were. ``sequences``: the rows of each
+    decoding step; above :data:`DECODE_ROWS` no step would use the prepared weights, so none are
+    made."""
     patched: list[nn.Linear] = []
-    wanted = sequences <= DECODE_ROWS and copies_pay_off()
     try:
-        for module in model.modules() if wanted else ():
-            if _eligible(module):
-                weight_t = module.weight.detach().t().contiguous()
-                module.forward = partial(_few_rows_forward, module, weight_t)  # type: ignore[method-assign]
-                patched.append(module)
+        for layer, forward in _decoding_forwards(model) if sequences <= DECODE_ROWS else ():
+            layer.forward = forward  # type: ignore[method-assign,assignment]
+            patched.append(layer)
         yield
     finally:
-        for module in patched:
-            del module.forward
+        for layer in patched:
+            del layer.forward

@@ -118,3 +118,97 @@ def test_generation_runs_its_decoding_steps_on_the_copies_and_samples_the_same_t
     assert [[c.completion_ids for c in row] for row in with_copies] == [
         [c.completion_ids for c in row] for row in without
     ]
+
+
+class _WithOutput(nn.Module):
+    """A model with an output layer it names, as a transformers causal LM does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _layer()
+        self.head = nn.Linear(20, 30, bias=False)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head
+
+
+onednn = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+    reason="this torch has no oneDNN linear",
+)
+
+
+@onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_output_layer_gives_the_products_for_few_rows_and_its_own_path_for_many(
+    monkeypatch: pytest.MonkeyPatch, bias: bool
+) -> None:
+    monkeypatch.setattr(layout, "copies_pay_off", lambda: False)
+    monkeypatch.setattr(layout, "packing_pays_off", lambda: True)
+    model = _WithOutput()
+    model.head = nn.Linear(20, 30, bias=bias)
+    few = torch.randn(3, 1, 20)
+    many = torch.randn(layout.DECODE_ROWS + 1, 20)
+    before_few, before_many = model.head(few), model.head(many)
+    with torch.no_grad(), layout.decode_layout(model, 3):
+        assert "forward" in vars(model.head)
+        assert "forward" not in vars(model.body)  # only the output layer is packed
+        torch.testing.assert_close(model.head(few), before_few)
+        torch.testing.assert_close(model.head(many), before_many, rtol=0, atol=0)
+        model.head.weight.add_(1.0)  # packed on entry: the few-row path does not follow
+        torch.testing.assert_close(model.head(few), before_few)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    ("capability", "copied", "packed"),
+    [("AVX512", True, False), ("AVX2", False, True), ("DEFAULT", False, False)],
+)
+def test_each_kernel_kind_gets_the_layout_it_was_measured_to_gain_from(
+    monkeypatch: pytest.MonkeyPatch, capability: str, copied: bool, packed: bool
+) -> None:
+    monkeypatch.undo()  # this test is of the real gates
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    model = _WithOutput()
+    with layout.decode_layout(model, 1):
+        assert ("forward" in vars(model.body)) is copied
+        assert ("forward" in vars(model.head)) is (copied or packed)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_without_onednn_an_avx2_cpu_keeps_the_layers_own_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert not layout.packing_pays_off()
+
+
+@onednn
+def test_generation_with_the_packed_output_layer_samples_the_same_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(layout, "copies_pay_off", lambda: False)
+    monkeypatch.setattr(layout, "packing_pays_off", lambda: True)
+    agent = tiny_agent(seed=3, eos_bias=1.0)
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.9)
+    prompts = ["Describe a city.", "Invent a holiday."]
+    keys = [row_key(5, p, g) for p in range(2) for g in range(3)]
+    calls = {"packed": 0}
+    forward = layout._packed_forward
+
+    def counted(layer: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        calls["packed"] += int(x.numel() // x.shape[-1] <= layout.DECODE_ROWS)
+        return forward(layer, packed, x)
+
+    monkeypatch.setattr(layout, "_packed_forward", counted)
+    packed = agent.generate(prompts, 3, sampling, keys=keys)
+    assert calls["packed"] > 0
+    assert not any("forward" in vars(m) for m in agent.model.modules())
+    monkeypatch.setattr(agent_module, "decode_layout", lambda model, sequences: nullcontext())
+    without = agent.generate(prompts, 3, sampling, keys=keys)
+    assert [[c.completion_ids for c in row] for row in packed] == [
+        [c.completion_ids for c in row] for row in without
+    ]
