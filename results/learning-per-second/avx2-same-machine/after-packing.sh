@@ -1,4 +1,4 @@
-# The plan of 2026-12-06 22:35 UTC in ../SEEDS.md: ours seeds 3-5 on core 0, 0-2 on core 1.
+# The plan of 2026-12-06 22:26 UTC in ../SEEDS.md: ours seeds 3-5 on core 0, 0-2 on core 1.
 cd /work/main
 export OMP_NUM_THREADS=1
 run() {  # core, seeds...
