@@ -35,6 +35,7 @@ from cmlrl_agents.policies.model_setup import (
 )
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
 from cmlrl_agents.policies.sampling import SamplingConfig, Truncation
+from cmlrl_agents.policies.tied_embeddings import sparse_tied_gradient
 from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
@@ -348,8 +349,9 @@ class LLMAgent:
         }
         if adapter_names is None:
             self.activate()
-            return score(self.model, batch, **kwargs)
-        with eval_mode(self.model):
+            with sparse_tied_gradient(self.model):
+                return score(self.model, batch, **kwargs)
+        with eval_mode(self.model), sparse_tied_gradient(self.model):
             return score(self.model, batch, adapter_names=adapter_names, **kwargs)
 
     @classmethod
