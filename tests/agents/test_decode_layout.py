@@ -1,5 +1,6 @@
-"""Decoding with ``[in, out]`` copies of the linear weights: the same products for few rows,
-nn.Linear's own path for many, every layer as it was afterwards, and the same sampled tokens."""
+"""Decoding with prepared weights (``[in, out]`` copies, the output layer packed for oneDNN):
+the same products for few rows, nn.Linear's own path for many, every layer as it was
+afterwards, and the same sampled tokens."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from cmlrl_agents.policies import decode_layout as layout
 from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.testing import tiny_agent
+
+onednn = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+    reason="this torch has no oneDNN linear",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -95,31 +101,6 @@ def test_copies_are_made_only_where_torch_runs_the_kernels_they_speed_up(
     assert "forward" not in vars(layer)
 
 
-def test_generation_runs_its_decoding_steps_on_the_copies_and_samples_the_same_tokens(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    agent = tiny_agent(seed=3, eos_bias=1.0)
-    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.9)
-    prompts = ["Describe a city.", "Invent a holiday."]
-    keys = [row_key(5, p, g) for p in range(2) for g in range(3)]
-    calls = {"few": 0}
-    forward = layout._few_rows_forward
-
-    def counted(layer: nn.Linear, weight_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        calls["few"] += int(x.numel() // x.shape[-1] <= layout.DECODE_ROWS)
-        return forward(layer, weight_t, x)
-
-    monkeypatch.setattr(layout, "_few_rows_forward", counted)
-    with_copies = agent.generate(prompts, 3, sampling, keys=keys)
-    assert calls["few"] > 0
-    assert not any("forward" in vars(m) for m in agent.model.modules())
-    monkeypatch.setattr(agent_module, "decode_layout", lambda model, sequences: nullcontext())
-    without = agent.generate(prompts, 3, sampling, keys=keys)
-    assert [[c.completion_ids for c in row] for row in with_copies] == [
-        [c.completion_ids for c in row] for row in without
-    ]
-
-
 class _WithOutput(nn.Module):
     """A model with an output layer it names, as a transformers causal LM does."""
 
@@ -130,12 +111,6 @@ class _WithOutput(nn.Module):
 
     def get_output_embeddings(self) -> nn.Module:
         return self.head
-
-
-onednn = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
-    reason="this torch has no oneDNN linear",
-)
 
 
 @onednn
@@ -186,29 +161,32 @@ def test_without_onednn_an_avx2_cpu_keeps_the_layers_own_path(
     assert not layout.packing_pays_off()
 
 
-@onednn
-def test_generation_with_the_packed_output_layer_samples_the_same_tokens(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("path", "forward_name"),
+    [("copies", "_few_rows_forward"), pytest.param("packed", "_packed_forward", marks=onednn)],
+)
+def test_generation_runs_its_decoding_steps_on_the_prepared_weights_and_samples_the_same_tokens(
+    monkeypatch: pytest.MonkeyPatch, path: str, forward_name: str
 ) -> None:
-    monkeypatch.setattr(layout, "copies_pay_off", lambda: False)
-    monkeypatch.setattr(layout, "packing_pays_off", lambda: True)
+    monkeypatch.setattr(layout, "copies_pay_off", lambda: path == "copies")
+    monkeypatch.setattr(layout, "packing_pays_off", lambda: path == "packed")
     agent = tiny_agent(seed=3, eos_bias=1.0)
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.9)
     prompts = ["Describe a city.", "Invent a holiday."]
     keys = [row_key(5, p, g) for p in range(2) for g in range(3)]
-    calls = {"packed": 0}
-    forward = layout._packed_forward
+    calls = {"few": 0}
+    forward = getattr(layout, forward_name)
 
-    def counted(layer: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        calls["packed"] += int(x.numel() // x.shape[-1] <= layout.DECODE_ROWS)
-        return forward(layer, packed, x)
+    def counted(layer: nn.Linear, prepared: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        calls["few"] += int(x.numel() // x.shape[-1] <= layout.DECODE_ROWS)
+        return forward(layer, prepared, x)
 
-    monkeypatch.setattr(layout, "_packed_forward", counted)
-    packed = agent.generate(prompts, 3, sampling, keys=keys)
-    assert calls["packed"] > 0
+    monkeypatch.setattr(layout, forward_name, counted)
+    prepared = agent.generate(prompts, 3, sampling, keys=keys)
+    assert calls["few"] > 0
     assert not any("forward" in vars(m) for m in agent.model.modules())
     monkeypatch.setattr(agent_module, "decode_layout", lambda model, sequences: nullcontext())
     without = agent.generate(prompts, 3, sampling, keys=keys)
-    assert [[c.completion_ids for c in row] for row in packed] == [
+    assert [[c.completion_ids for c in row] for row in prepared] == [
         [c.completion_ids for c in row] for row in without
     ]
