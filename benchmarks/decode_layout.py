@@ -99,7 +99,8 @@ def products(rows: list[int], repeats: int) -> None:
 
 
 def _side(name: str) -> AbstractContextManager[object]:
-    """The library's decoding path forced to one layout: ``name`` from :data:`SIDES`."""
+    """The library's decoding path forced to one layout: ``name`` is "without", "copies" (every
+    linear layer's ``[in, out]`` copy) or "packed" (the output layer packed for oneDNN)."""
     if name == "without":
         return mock.patch.object(
             agent_module, "decode_layout", lambda model, sequences: nullcontext()

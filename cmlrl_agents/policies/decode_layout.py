@@ -30,8 +30,8 @@ oneDNN, packed once per ``generate`` call into its own blocked layout (0.12 s fo
 multiplies the few-row steps with oneDNN's kernel: the product took 0.52-0.65 of MKL's time at
 4-32 rows, a whole decoding step of 8 rows about 0.9 (the packing included). Packing the other
 layers too gained nothing more: their weights come from memory at every step either way, and
-packing them all took 0.7 s a call (:func:`packing_pays_off`; ``docs/benchmarks.md``, "On a CPU
-with AVX2 kernels").
+packing them all took 0.7 s a call (:func:`packing_pays_off`; ``docs/benchmarks.md``, "The
+output layer packed for oneDNN, on AVX2").
 """
 
 from __future__ import annotations
