@@ -37,6 +37,7 @@ from cmlrl_agents.policies.logprobs import (
     _accepts_logits_to_keep,
     _check_vocab,
     _gather_logprobs,
+    _last_positions,
     row_temperatures,
     sequence_scores,
 )
@@ -156,7 +157,7 @@ def _forward(
             "(gradient checkpointing turns the cache off in training); set "
             "prefix_sharing=False in the config, or turn gradient checkpointing off"
         )
-    return out.logits[:, -keep:], returned
+    return _last_positions(out.logits, keep), returned
 
 
 def prefix_shared_logprobs(

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from cmlrl_agents.policies.logprobs import _gather_logprobs
+from cmlrl_agents.policies.logprobs import _gather_logprobs, _last_positions
 
 
 def test_hand_worked_log_prob_and_gradient_at_a_temperature() -> None:
@@ -58,3 +58,13 @@ def test_values_entropies_and_gradients_are_autograds_own_bit_for_bit(
     assert scores.entropy is not None and torch.equal(scores.entropy, entropy)
     assert ours.grad is not None and theirs.grad is not None
     assert torch.equal(ours.grad, theirs.grad)
+
+
+def test_logits_of_exactly_the_kept_positions_pass_through_unsliced() -> None:
+    # A [:, -keep:] slice would back its gradient with a zero-filled copy of the whole logits.
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    assert _last_positions(logits, 5) is logits
+    assert _last_positions(logits, 9) is logits  # fewer than asked: the caller's check raises
+    kept = _last_positions(logits, 3)
+    assert torch.equal(kept, logits[:, -3:])
+    assert type(kept.grad_fn).__name__ == "SliceBackward0"
