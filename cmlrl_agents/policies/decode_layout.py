@@ -44,6 +44,8 @@ from typing import TypeGuard
 import torch
 from torch import Tensor, nn
 
+from cmlrl_agents.policies.model_methods import output_embeddings
+
 __all__ = ["DECODE_ROWS", "copies_pay_off", "decode_layout", "packing_pays_off"]
 
 DECODE_ROWS = 32
@@ -104,8 +106,7 @@ def _decoding_forwards(model: nn.Module) -> Iterator[tuple[nn.Linear, Callable[[
             if _eligible(module):
                 yield module, _copied(module)
     elif packing_pays_off():
-        get_output = getattr(model, "get_output_embeddings", None)
-        output = None if get_output is None else get_output()
+        output = output_embeddings(model)
         if output is not None and _eligible(output):
             yield output, _packed(output)
 

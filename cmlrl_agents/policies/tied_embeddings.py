@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from cmlrl_agents.policies.model_methods import input_embeddings
+from cmlrl_agents.policies.model_methods import input_embeddings, output_embeddings
 
 __all__ = ["sparse_tied_gradient"]
 
@@ -35,9 +35,7 @@ __all__ = ["sparse_tied_gradient"]
 def _tied_embedding(model: nn.Module) -> nn.Embedding | None:
     """``model``'s input embedding when it is a plain ``nn.Embedding`` whose trainable weight is
     also the output layer's weight; else None."""
-    embedding = input_embeddings(model)
-    get_output = getattr(model, "get_output_embeddings", None)
-    output = None if get_output is None else get_output()
+    embedding, output = input_embeddings(model), output_embeddings(model)
     if type(embedding) is not nn.Embedding or output is None:
         return None
     weight = embedding.weight
