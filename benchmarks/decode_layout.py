@@ -69,12 +69,8 @@ def _micro(call: Callable[[], object], repeats: int) -> float:
     return statistics.median(runs)
 
 
-def _onednn() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def products(rows: list[int], repeats: int) -> None:
-    packing = _onednn()
+    packing = layout.onednn_linear()
     print(
         "matrix products, warm caches (µs per call): nn.Linear, x @ W_t (ratio)"
         + (", oneDNN packed (ratio)" if packing else "")
@@ -115,7 +111,7 @@ def generation(agent: LLMAgent, rows: list[int], tokens: int, repeats: int) -> N
     items = tasks.length_ratio_dataset().select(range(2))
     prompts = [tasks.detailed_formatter(item) for item in items]
     sampling = SamplingConfig(max_new_tokens=tokens, min_new_tokens=tokens)
-    sides = ["without", "copies"] + (["packed"] if _onednn() else [])
+    sides = ["without", "copies"] + (["packed"] if layout.onednn_linear() else [])
     print(
         f"generate, {tokens} forced tokens (process CPU ms per decoding step): without, "
         "every layer copied, the output layer packed (ratios to without)"

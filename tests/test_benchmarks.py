@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cmlrl_agents.policies.decode_layout import onednn_linear
 from cmlrl_agents.testing import tiny_model, tiny_tokenizer
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -263,8 +264,7 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
     out = capsys.readouterr().out
     assert "torch's CPU kernels: " in out and "the library makes the copies here: " in out
     assert "packs the output layer: " in out
-    onednn = torch.backends.mkldnn.is_available()
-    sides = 2 if onednn else 1  # copies, and the packed output layer where oneDNN is
+    sides = 2 if onednn_linear() else 1  # copies, and the packed output layer where oneDNN is
     assert out.count("rows: without") == 2 and out.count("same tokens: True") == 2 * sides
     assert out.count(" rows: ") == 2 + 3 * 2  # 3 weight shapes at each row count
     with pytest.raises(SystemExit):

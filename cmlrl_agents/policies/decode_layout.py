@@ -46,7 +46,13 @@ from torch import Tensor, nn
 
 from cmlrl_agents.policies.model_methods import output_embeddings
 
-__all__ = ["DECODE_ROWS", "copies_pay_off", "decode_layout", "packing_pays_off"]
+__all__ = [
+    "DECODE_ROWS",
+    "copies_pay_off",
+    "decode_layout",
+    "onednn_linear",
+    "packing_pays_off",
+]
 
 DECODE_ROWS = 32
 """Passes of at most this many rows (tokens over the whole batch) use the ``[in, out]`` copy:
@@ -61,15 +67,17 @@ def copies_pay_off() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
+def onednn_linear() -> bool:
+    """Whether this torch has oneDNN and its linear on a packed weight (an op whose name is
+    private, so it is looked up)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def packing_pays_off() -> bool:
     """Whether torch runs its AVX2 CPU kernels here and has oneDNN: there the output layer's
     few-row products were measured faster with its weight packed for oneDNN (module docstring).
     Other kernels (ARM's, plain x86) were not measured and keep ``nn.Linear``'s path."""
-    return (
-        torch.backends.cpu.get_cpu_capability() == "AVX2"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    return torch.backends.cpu.get_cpu_capability() == "AVX2" and onednn_linear()
 
 
 def _few_rows_forward(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
@@ -87,7 +95,7 @@ def _packed_forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
     if x.numel() // x.shape[-1] > DECODE_ROWS:
         return nn.functional.linear(x, layer.weight, layer.bias)
     # oneDNN's linear on a weight packed by _reorder_linear_weight: the op torch's own compiler
-    # emits for a frozen linear layer on a CPU (its name is private, hence the gate's hasattr).
+    # emits for a frozen linear layer on a CPU (its name is private: onednn_linear looks it up).
     y: Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
     return y
 

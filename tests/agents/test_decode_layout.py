@@ -16,10 +16,7 @@ from cmlrl_agents.policies.agent import SamplingConfig
 from cmlrl_agents.policies.sampling import row_key
 from cmlrl_agents.testing import tiny_agent
 
-onednn = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
-    reason="this torch has no oneDNN linear",
-)
+onednn = pytest.mark.skipif(not layout.onednn_linear(), reason="this torch has no oneDNN linear")
 
 
 @pytest.fixture(autouse=True)
