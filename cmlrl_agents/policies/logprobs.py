@@ -97,21 +97,21 @@ class _TargetLogprob(torch.autograd.Function):
     zero-filled gradient, their sum and the division's gradient, each 141 MB for SmolLM2's
     vocabulary at 8 rows of 47 tokens. This computes the same numbers, bit for bit, in the same
     order: ``(z - lse).exp() * -g``, plus ``g`` at the target, divided by ``T``
-    (``tests/agents/test_logprobs.py``). It saves ``logits`` where autograd saved ``z``: the same
+    (``tests/agents/test_logprobs.py``). It saves ``z``, as autograd's chain did: the same
     memory."""
 
     @staticmethod
     def forward(
         ctx: Any, logits: Tensor, target: Tensor, temperature: Tensor | None, z: Tensor, lse: Tensor
     ) -> Tensor:
-        # z and lse come computed (without gradient) so that the entropy can share them.
-        ctx.save_for_backward(logits, target, lse, temperature)
+        # z and lse come computed (without gradient) so that the entropy can share them; logits
+        # is the input the gradient is for.
+        ctx.save_for_backward(z, target, lse, temperature)
         return z.gather(-1, target.unsqueeze(-1)).squeeze(-1) - lse
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
-        logits, target, lse, temperature = ctx.saved_tensors
-        z = logits if temperature is None else logits / temperature
+        z, target, lse, temperature = ctx.saved_tensors
         out = (z - lse.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))
         out.scatter_add_(-1, target.unsqueeze(-1), grad.unsqueeze(-1))
         return (out if temperature is None else out.div_(temperature)), None, None, None, None
