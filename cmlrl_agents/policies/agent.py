@@ -35,7 +35,6 @@ from cmlrl_agents.policies.model_setup import (
 )
 from cmlrl_agents.policies.prefix_scoring import generate_inputs, scorer
 from cmlrl_agents.policies.sampling import SamplingConfig, Truncation
-from cmlrl_agents.policies.tied_embeddings import sparse_tied_gradient
 from cmlrl_agents.policies.tokens import (
     TokenBatch,
     build_batch,
@@ -43,6 +42,7 @@ from cmlrl_agents.policies.tokens import (
     completion_mask_from_generated,
     left_pad,
 )
+from cmlrl_agents.policies.weight_gradients import gathered_weight_gradients
 
 __all__ = [
     "Completion",
@@ -349,9 +349,9 @@ class LLMAgent:
         }
         if adapter_names is None:
             self.activate()
-            with sparse_tied_gradient(self.model):
+            with gathered_weight_gradients(self.model):
                 return score(self.model, batch, **kwargs)
-        with eval_mode(self.model), sparse_tied_gradient(self.model):
+        with eval_mode(self.model), gathered_weight_gradients(self.model):
             return score(self.model, batch, adapter_names=adapter_names, **kwargs)
 
     @classmethod
