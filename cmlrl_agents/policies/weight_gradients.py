@@ -22,7 +22,9 @@ What autograd computes is unchanged up to float rounding: the uses' products are
 another way (inside the product instead of after it). Input gradients are the same products as
 autograd's. Left to autograd's own path: weights that are frozen or not leaves, modules with a
 forward of their own (an ``accelerate`` hook, say), embeddings with ``max_norm``,
-``scale_grad_by_freq`` or ``sparse``, and passes under autocast (their backward mixes dtypes).
+``scale_grad_by_freq`` or ``sparse``, passes under autocast (their backward mixes dtypes), and
+transformers models with activation checkpointing on (its recomputation runs the layers' own
+forwards; a model that calls ``torch.utils.checkpoint`` by itself is not detected).
 
 One epoch of the main job, side by side with the code before it (one thread, one run per core,
 two pairs; ``docs/benchmarks.md``, "One gradient buffer per weight"): backward passes 0.90x and
@@ -40,6 +42,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn import functional as F
+
+from cmlrl_agents.policies.model_methods import base_model
 
 __all__ = ["gathered_weight_gradients"]
 
@@ -153,15 +157,27 @@ def _tied_lookup(module: nn.Embedding, linear_weights: set[int]) -> bool:
     )
 
 
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether a transformers model recomputes its layers in the backward (activation, or
+    gradient, checkpointing): non-reentrant recomputation runs the layers' own forwards and
+    checks that they save what the first forward saved, which the gathering forwards do not."""
+    base = base_model(model)
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new name, old
+        if hasattr(type(base), name):
+            return bool(getattr(base, name))
+    return False
+
+
 @contextmanager
 def gathered_weight_gradients(model: nn.Module) -> Iterator[None]:
     """Within the block, the trainable weights of ``model``'s plain ``nn.Linear`` layers, and
     of an ``nn.Embedding`` that shares its weight with one of them (a tied embedding), gather
     the gradients of all their uses in the block's forwards in one buffer each (see the module
-    docstring). Changes nothing when gradients are off or autocast is on; on leaving, every
-    module is as it was."""
+    docstring). Changes nothing when gradients are off, autocast is on or the model checkpoints
+    its activations; on leaving, every module is as it was."""
     devices = {p.device.type for p in model.parameters()}
-    if not torch.is_grad_enabled() or any(torch.is_autocast_enabled(d) for d in devices):
+    autocast = any(torch.is_autocast_enabled(d) for d in devices)
+    if not torch.is_grad_enabled() or autocast or _checkpointing(model):
         yield
         return
     modules = [m for m in model.modules() if "forward" not in vars(m) and _gathers(m)]

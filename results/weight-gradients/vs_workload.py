@@ -1,5 +1,6 @@
-"""Our side of `benchmarks/vs_comlrl.py --turns 1` (full fine-tuning, G = 4, 32 forced tokens) as
-a plain script, for `benchmarks/profile_calls.py` to time call by call:
+"""Our side of `benchmarks/vs_comlrl.py --turns 1` (G = 4, 32 forced tokens; full fine-tuning, or
+with SETUP=lora its adapter agents) as a plain script, for `benchmarks/profile_calls.py` to time
+call by call:
 
     ITEMS=8 OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/profile_calls.py \
         results/weight-gradients/vs_workload.py /tmp/vs-run
@@ -31,11 +32,23 @@ config = MAGRPOConfig(
     seed=0,
     output_dir=sys.argv[1],
 )
+peft = None
+if os.environ.get("SETUP") == "lora":  # as vs_comlrl.py's adapter agents
+    from peft import LoraConfig
+
+    peft = LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    )
+    config.agent_learning_rate = 1e-4
 trainer = MAGRPOTrainer(
     agent_model=str(smollm2_path()),
     train_dataset=train,
     args=config,
     model_config={"chat_template": False},
+    peft_config=peft,
     formatters=[tasks.brief_formatter, tasks.detailed_formatter],
     reward_func=tasks.length_ratio_reward,
 )

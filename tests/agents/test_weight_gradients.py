@@ -178,3 +178,18 @@ def test_a_backward_that_does_not_reach_the_weight_leaves_the_next_one_its_gradi
 
     gathered, plain = gradients(gathered_weight_gradients), gradients(lambda m: nullcontext())
     torch.testing.assert_close(gathered, plain, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_model_that_recomputes_its_layers_is_left_to_autograd(reentrant: bool) -> None:
+    # Non-reentrant recomputation checks that the layers save what the first forward saved.
+    agent = tiny_agent(seed=1)
+    # transformers 5 renamed gradient checkpointing to activation checkpointing.
+    enable = getattr(agent.model, "activation_checkpointing_enable", None)
+    (enable or agent.model.gradient_checkpointing_enable)({"use_reentrant": reentrant})
+    agent.model.train()
+    with gathered_weight_gradients(agent.model):
+        assert not any("forward" in vars(m) for m in agent.model.modules())
+    batch = build_batch([[5, 6, 7], [5, 6, 7]], [[11, 12, 13], [14, 12]], agent.pad_token_id)
+    agent.score(batch, prefix_sharing=False).sum().backward()
+    assert agent.model.get_input_embeddings().weight.grad is not None
