@@ -16,7 +16,9 @@ in the block. The first use to reach the backward computes its product into a ne
 returns it to autograd; the later uses add into that buffer in place (``addmm_``,
 ``index_add_``) and return nothing, before autograd accumulates the weight's gradient, which
 waits for every use. A one-shot hook on the weight drops the block's reference to the buffer
-just before that accumulation, so autograd takes the buffer as the gradient without copying it.
+just before that accumulation, so autograd takes the buffer as the gradient without copying it;
+a callback at the end of the backward drops it too, so a backward that never reaches the weight
+(an ``autograd.grad`` for other inputs) leaves the next one the weight's whole gradient.
 
 What autograd computes is unchanged up to float rounding: the uses' products are summed in
 another way (inside the product instead of after it). Input gradients are the same products as
