@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from cmlrl_agents.policies.model_methods import output_embeddings
+from cmlrl_agents.policies.module_forwards import own_forward, replaced_forwards
 
 __all__ = [
     "DECODE_ROWS",
@@ -127,7 +128,7 @@ def _eligible(module: nn.Module) -> TypeGuard[nn.Linear]:
         type(module) is nn.Linear
         and module.weight.device.type == "cpu"
         and module.weight.dtype == torch.float32
-        and "forward" not in vars(module)
+        and not own_forward(module)
     )
 
 
@@ -142,12 +143,5 @@ def decode_layout(model: nn.Module, sequences: int) -> Iterator[None]:
     no gradient. On leaving, the layers are as they were. ``sequences``: the rows of each
     decoding step; above :data:`DECODE_ROWS` no step would use the prepared weights, so none are
     made."""
-    patched: list[nn.Linear] = []
-    try:
-        for layer, forward in _decoding_forwards(model) if sequences <= DECODE_ROWS else ():
-            layer.forward = forward  # type: ignore[method-assign,assignment]
-            patched.append(layer)
+    with replaced_forwards(_decoding_forwards(model) if sequences <= DECODE_ROWS else ()):
         yield
-    finally:
-        for layer in patched:
-            del layer.forward

@@ -46,6 +46,7 @@ from torch.autograd import Variable
 from torch.nn import functional as F
 
 from cmlrl_agents.policies.model_methods import base_model
+from cmlrl_agents.policies.module_forwards import own_forward, replaced_forwards
 
 __all__ = ["gathered_weight_gradients"]
 
@@ -182,7 +183,7 @@ def gathered_weight_gradients(model: nn.Module) -> Iterator[None]:
     if not torch.is_grad_enabled() or autocast or _checkpointing(model):
         yield
         return
-    modules = [m for m in model.modules() if "forward" not in vars(m) and _gathers(m)]
+    modules = [m for m in model.modules() if not own_forward(m) and _gathers(m)]
     linear = {id(m.weight) for m in modules if type(m) is nn.Linear}
     gradients: dict[int, _Gradient] = {}
 
@@ -191,17 +192,11 @@ def gathered_weight_gradients(model: nn.Module) -> Iterator[None]:
             gradients[id(weight)] = _Gradient(weight)
         return gradients[id(weight)]
 
-    patched: list[nn.Module] = []
+    forwards: list[tuple[nn.Module, Callable[[Tensor], Tensor]]] = []
     for module in modules:
         if type(module) is nn.Linear:
-            vars(module)["forward"] = _linear_forward(module, gradient_of(module.weight))
+            forwards.append((module, _linear_forward(module, gradient_of(module.weight))))
         elif isinstance(module, nn.Embedding) and _tied_lookup(module, linear):
-            vars(module)["forward"] = _lookup_forward(module, gradient_of(module.weight))
-        else:
-            continue
-        patched.append(module)
-    try:
+            forwards.append((module, _lookup_forward(module, gradient_of(module.weight))))
+    with replaced_forwards(forwards):
         yield
-    finally:
-        for module in patched:
-            del vars(module)["forward"]
