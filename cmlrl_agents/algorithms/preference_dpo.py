@@ -10,10 +10,10 @@ reference never changes.
 Adapter agents (``peft_config``): each optimizer holds its adapter alone and the reference is
 the shared base with its adapters disabled (``reference.BaseWithoutAdapters``, no copy). The
 agents of one base without active dropout score in ONE mixed-adapter pass (peft's per-row
-``adapter_names``, as :meth:`PolicyGradientLearner.step_joint` does); the others agent by agent
-with their adapter active. peft's ``set_adapter`` (and leaving ``disable_adapter()``) freezes
-every adapter but the active one, and autograd drops the gradient of a parameter that no longer
-requires it at backward time, so every adapter agent's parameters are set trainable again
+``adapter_names``: ``adapters.joint_pass``, as the policy-gradient steps do); the others agent
+by agent with their adapter active. peft's ``set_adapter`` (and leaving ``disable_adapter()``)
+freezes every adapter but the active one, and autograd drops the gradient of a parameter that no
+longer requires it at backward time, so every adapter agent's parameters are set trainable again
 before its pass and before the backward of the joint loss.
 """
 
