@@ -61,6 +61,11 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="the update's passes under bfloat16 autocast"
     )
+    parser.add_argument(
+        "--reference-kl",
+        action="store_true",
+        help="KL to the initial model in the loss (reference_kl_enabled=True, not the default)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny random model, for tests")
     args = parser.parse_args()
 
@@ -84,6 +89,7 @@ def main() -> None:
         logging_steps=8,
         seed=args.seed,
         bf16=args.bf16,
+        reference_kl_enabled=args.reference_kl,
         verbose=True,  # progress bar and eval lines, also when piped to a file
         output_dir=args.output_dir,
     )

@@ -40,6 +40,14 @@ def test_length_ratio_example_runs_on_a_tiny_model(tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_length_ratio_example_adds_kl_to_the_initial_model_when_asked(tmp_path):
+    run_length_ratio(tmp_path, "--tiny", "--max-new-tokens", "4", "--reference-kl", timeout=300)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["reference_kl_enabled"] is True
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert any("turn_1/reference_kl_mean" in json.loads(line) for line in lines)
+
+
 @pytest.mark.slow
 def test_length_ratio_example_with_smollm2(tmp_path):
     """The main job's program on the real model, one short epoch: the rewards see real text
