@@ -62,6 +62,12 @@ def main() -> None:
         "--bf16", action="store_true", help="the update's passes under bfloat16 autocast"
     )
     parser.add_argument(
+        "--adam-beta1",
+        type=float,
+        default=MAGRPOConfig.adam_beta1,
+        help="AdamW's momentum (default: the library's)",
+    )
+    parser.add_argument(
         "--reference-kl",
         action="store_true",
         help="KL to the initial model in the loss (reference_kl_enabled=True, not the default)",
@@ -83,6 +89,7 @@ def main() -> None:
         max_new_tokens=args.max_new_tokens,
         agent_learning_rate=args.learning_rate,
         lr_scheduler_type=args.lr_scheduler_type,
+        adam_beta1=args.adam_beta1,
         eval_interval=len(train_dataset),  # before each epoch
         eval_num_samples=len(eval_dataset),
         eval_batch_size=len(eval_dataset),

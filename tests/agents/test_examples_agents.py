@@ -48,6 +48,13 @@ def test_length_ratio_example_adds_kl_to_the_initial_model_when_asked(tmp_path):
     assert any("turn_1/reference_kl_mean" in json.loads(line) for line in lines)
 
 
+def test_length_ratio_example_sets_adamws_momentum_when_asked(tmp_path):
+    args = ("--tiny", "--max-new-tokens", "4", "--adam-beta1", "0.5")
+    run_length_ratio(tmp_path, *args, timeout=300)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["adam_beta1"] == 0.5
+
+
 @pytest.mark.slow
 def test_length_ratio_example_with_smollm2(tmp_path):
     """The main job's program on the real model, one short epoch: the rewards see real text
