@@ -9,12 +9,14 @@ machine's load:
 - whole ``generate`` calls of SmolLM2-135M-Instruct (local, SPEC §9) on the seed's length-ratio
   prompts in the chat template (detailed formatter), ``--tokens`` forced tokens, 2 prompts x
   ``rows / 2`` samples, the library's sampling defaults, a key per row: process CPU seconds per
-  decoding step with every linear layer's copy, with the output layer packed (each side's
-  preparing included) and without either, and whether each sampled the tokens of "without".
+  decoding step with every linear layer's copy, with the output layer packed, with every layer
+  packed (each side's preparing included) and without any, and whether each sampled the tokens
+  of "without".
 
-The library makes the copies where torch runs its AVX-512 kernels (``copies_pay_off``) and packs
-the output layer where it runs its AVX2 kernels (``packing_pays_off``); the header says which
-kernels this machine runs and which the library uses, and each side is forced whatever it says.
+The library chooses by the CPU (``decode_weights``: the copies where torch runs its AVX-512
+kernels, except on AMD CPUs, which pack every layer; the output layer packed with its AVX2
+kernels); the header says which kernels and vendor this machine has and which the library uses,
+and each side is forced whatever it says.
 
     OMP_NUM_THREADS=1 python benchmarks/decode_layout.py --threads 1 --rows 8 16 32
 """
@@ -25,7 +27,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from unittest import mock
 
@@ -95,26 +97,24 @@ def products(rows: list[int], repeats: int) -> None:
 
 
 def _side(name: str) -> AbstractContextManager[object]:
-    """The library's decoding path forced to one layout: ``name`` is "without", "copies" (every
-    linear layer's ``[in, out]`` copy) or "packed" (the output layer packed for oneDNN)."""
+    """The library's decoding path forced to one layout: ``name`` is "without" (no layout at
+    all) or one of ``decode_weights``' answers ("copies", "packed_output", "packed")."""
     if name == "without":
         return mock.patch.object(
             agent_module, "decode_layout", lambda model, sequences: nullcontext()
         )
-    stack = ExitStack()
-    stack.enter_context(mock.patch.object(layout, "copies_pay_off", lambda: name == "copies"))
-    stack.enter_context(mock.patch.object(layout, "packing_pays_off", lambda: name == "packed"))
-    return stack
+    return mock.patch.object(layout, "decode_weights", lambda: name)
 
 
 def generation(agent: LLMAgent, rows: list[int], tokens: int, repeats: int) -> None:
     items = tasks.length_ratio_dataset().select(range(2))
     prompts = [tasks.detailed_formatter(item) for item in items]
     sampling = SamplingConfig(max_new_tokens=tokens, min_new_tokens=tokens)
-    sides = ["without", "copies"] + (["packed"] if layout.onednn_linear() else [])
+    sides = ["without", "copies"]
+    sides += ["packed_output", "packed"] if layout.onednn_linear() else []
     print(
         f"generate, {tokens} forced tokens (process CPU ms per decoding step): without, "
-        "every layer copied, the output layer packed (ratios to without)"
+        "every layer copied, the output layer packed, every layer packed (ratios to without)"
     )
     for m in rows:
         keys = [row_key(0, p, g) for p in range(2) for g in range(m // 2)]
@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(f"threads {torch.get_num_threads()}, rows {args.rows}, tokens {args.tokens}")
     print(
-        f"torch's CPU kernels: {torch.backends.cpu.get_cpu_capability()}; the library makes the "
-        f"copies here: {'yes' if layout.copies_pay_off() else 'no'}; packs the output layer: "
-        f"{'yes' if layout.packing_pays_off() else 'no'}"
+        f"torch's CPU kernels: {torch.backends.cpu.get_cpu_capability()}; CPU vendor: "
+        f"{layout.cpu_vendor() or 'not reported'}; the library's decoding weights here: "
+        f"{layout.decode_weights()}"
     )
     products(args.rows, args.repeats)
     agent = LLMAgent.from_pretrained(args.model or str(smollm2_path()))

@@ -262,9 +262,9 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
     finally:
         sys.path.remove(str(BENCHMARKS))
     out = capsys.readouterr().out
-    assert "torch's CPU kernels: " in out and "the library makes the copies here: " in out
-    assert "packs the output layer: " in out
-    sides = 2 if onednn_linear() else 1  # copies, and the packed output layer where oneDNN is
+    assert "torch's CPU kernels: " in out and "CPU vendor: " in out
+    assert "the library's decoding weights here: " in out
+    sides = 3 if onednn_linear() else 1  # copies, and where oneDNN is the two packings
     assert out.count("rows: without") == 2 and out.count("same tokens: True") == 2 * sides
     assert out.count(" rows: ") == 2 + 3 * 2  # 3 weight shapes at each row count
     with pytest.raises(SystemExit):

@@ -32,14 +32,22 @@ multiplies the few-row steps with oneDNN's kernel: the product took 0.52-0.65 of
 layers too gained nothing more: their weights come from memory at every step either way, and
 packing them all took 0.7 s a call (:func:`packing_pays_off`; ``docs/benchmarks.md``, "The
 output layer packed for oneDNN, on AVX2").
+
+On an AMD EPYC whose torch runs its AVX-512 kernels (Zen 4) neither holds: there the copies made
+a decoding step of 8 rows slower (1.09 times as long as without) and MKL's products ran as on
+Zen 3, while oneDNN's AVX-512 kernels multiplied each weight in 0.4-0.6 of MKL's time. So on AMD
+CPUs with AVX-512 kernels every eligible layer is packed for oneDNN (0.22 s for SmolLM2 per
+call): a decoding step of 8 rows took 0.74 of the time without, 0.62 of the copies' (``docs/
+benchmarks.md``, "Every layer packed for oneDNN, on AMD's AVX-512"). Which CPUs the copies were
+measured on is :func:`decode_weights`'s docstring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
-from typing import TypeGuard
+from functools import cache, partial
+from typing import Literal, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -49,10 +57,11 @@ from cmlrl_agents.policies.module_forwards import own_forward, replaced_forwards
 
 __all__ = [
     "DECODE_ROWS",
-    "copies_pay_off",
+    "DecodeWeights",
+    "cpu_vendor",
     "decode_layout",
+    "decode_weights",
     "onednn_linear",
-    "packing_pays_off",
 ]
 
 DECODE_ROWS = 32
@@ -62,10 +71,24 @@ holds its own: at 64 rows the copy was faster for the MLP weights and slower for
 layer, at 128 rows ``nn.Linear`` was as fast or faster for all three (one thread)."""
 
 
-def copies_pay_off() -> bool:
-    """Whether torch runs its AVX-512 CPU kernels here, where the copies were measured to make a
-    decoding step faster; with its AVX2 kernels they made it slower (module docstring)."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+DecodeWeights = Literal["as_is", "copies", "packed", "packed_output"]
+"""What the few-row products multiply by: ``nn.Linear``'s own weight ("as_is"), an ``[in, out]``
+copy of every eligible layer's weight ("copies"), every eligible layer's weight packed for
+oneDNN ("packed"), or the output layer's alone ("packed_output")."""
+
+
+@cache
+def cpu_vendor() -> str:
+    """The CPU's vendor id as Linux reports it ("GenuineIntel", "AuthenticAMD"); "" where
+    ``/proc/cpuinfo`` says none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def onednn_linear() -> bool:
@@ -74,11 +97,18 @@ def onednn_linear() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def packing_pays_off() -> bool:
-    """Whether torch runs its AVX2 CPU kernels here and has oneDNN: there the output layer's
-    few-row products were measured faster with its weight packed for oneDNN (module docstring).
-    Other kernels (ARM's, plain x86) were not measured and keep ``nn.Linear``'s path."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX2" and onednn_linear()
+def decode_weights() -> DecodeWeights:
+    """The weights this CPU's decoding steps multiply by, as measured on each kind of CPU
+    (module docstring): where torch runs its AVX-512 kernels, every layer packed for oneDNN on
+    an AMD CPU (Zen 4) and the copies elsewhere (measured on a machine whose vendor was not
+    recorded); with its AVX2 kernels, the output layer packed for oneDNN (AMD Zen 3). Without
+    oneDNN, and on the kernels none was measured on (ARM's, plain x86), ``nn.Linear``'s own."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return "packed" if cpu_vendor() == "AuthenticAMD" and onednn_linear() else "copies"
+    if capability == "AVX2" and onednn_linear():
+        return "packed_output"
+    return "as_is"
 
 
 def _few_rows_forward(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
@@ -110,11 +140,13 @@ def _packed(layer: nn.Linear) -> Callable[[Tensor], Tensor]:
 
 def _decoding_forwards(model: nn.Module) -> Iterator[tuple[nn.Linear, Callable[[Tensor], Tensor]]]:
     """Each layer to change for decoding here, with the forward it decodes with."""
-    if copies_pay_off():
+    weights = decode_weights()
+    if weights in ("copies", "packed"):
+        prepare = _copied if weights == "copies" else _packed
         for module in model.modules():
             if _eligible(module):
-                yield module, _copied(module)
-    elif packing_pays_off():
+                yield module, prepare(module)
+    elif weights == "packed_output":
         output = output_embeddings(model)
         if output is not None and _eligible(output):
             yield output, _packed(output)
@@ -135,10 +167,11 @@ def _eligible(module: nn.Module) -> TypeGuard[nn.Linear]:
 @contextmanager
 def decode_layout(model: nn.Module, sequences: int) -> Iterator[None]:
     """Within the block, the few-row passes (at most :data:`DECODE_ROWS` rows) of ``model``'s
-    layers run on weights prepared on entry for this CPU's kernels: where
-    :func:`copies_pay_off`, every eligible ``nn.Linear`` multiplies by an ``[in, out]`` copy of
-    its weight; where :func:`packing_pays_off`, the output layer (``get_output_embeddings()``)
-    multiplies by its weight packed for oneDNN; elsewhere the block changes nothing. For
+    layers run on weights prepared on entry for this CPU's kernels (:func:`decode_weights`):
+    every eligible ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight ("copies") or
+    by its weight packed for oneDNN ("packed"), or only the output layer
+    (``get_output_embeddings()``) by its packed weight ("packed_output"); "as_is" changes
+    nothing. For
     inference only: the prepared weights do not follow later changes of the weight, and they have
     no gradient. On leaving, the layers are as they were. ``sequences``: the rows of each
     decoding step; above :data:`DECODE_ROWS` no step would use the prepared weights, so none are

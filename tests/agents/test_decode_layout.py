@@ -1,6 +1,6 @@
-"""Decoding with prepared weights (``[in, out]`` copies, the output layer packed for oneDNN):
-the same products for few rows, nn.Linear's own path for many, every layer as it was
-afterwards, and the same sampled tokens."""
+"""Decoding with prepared weights (``[in, out]`` copies, weights packed for oneDNN): the same
+products for few rows, nn.Linear's own path for many, every layer as it was afterwards, and the
+same sampled tokens."""
 
 from __future__ import annotations
 
@@ -20,9 +20,17 @@ onednn = pytest.mark.skipif(not layout.onednn_linear(), reason="this torch has n
 
 
 @pytest.fixture(autouse=True)
-def _copies_pay_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    # What the copies do is tested on every CPU; whether they are made is the gate's test below.
-    monkeypatch.setattr(layout, "copies_pay_off", lambda: True)
+def _copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the copies do is tested on every CPU; which weights a CPU gets is the gate's test below.
+    monkeypatch.setattr(layout, "decode_weights", lambda: "copies")
+
+
+def _cpu(monkeypatch: pytest.MonkeyPatch, capability: str, vendor: str, onednn: bool) -> None:
+    """The real gate, on a CPU described by torch's kernels, its vendor and oneDNN."""
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(layout, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: onednn)
 
 
 def _layer(bias: bool = True) -> nn.Linear:
@@ -83,19 +91,33 @@ def test_no_copies_for_a_batch_whose_decoding_steps_would_not_use_them() -> None
 
 
 @pytest.mark.parametrize(
-    ("capability", "copies"),
-    [("AVX512", True), ("AVX2", False), ("DEFAULT", False), ("SVE256", False)],
+    ("capability", "vendor", "onednn", "weights"),
+    [
+        ("AVX512", "GenuineIntel", True, "copies"),
+        ("AVX512", "", True, "copies"),  # the vendor unknown: the measured AVX-512 path
+        ("AVX512", "AuthenticAMD", True, "packed"),
+        ("AVX512", "AuthenticAMD", False, "copies"),  # nothing to pack with
+        ("AVX2", "AuthenticAMD", True, "packed_output"),
+        ("AVX2", "GenuineIntel", True, "packed_output"),
+        ("AVX2", "AuthenticAMD", False, "as_is"),
+        ("DEFAULT", "AuthenticAMD", True, "as_is"),
+        ("SVE256", "", True, "as_is"),
+    ],
 )
-def test_copies_are_made_only_where_torch_runs_the_kernels_they_speed_up(
-    monkeypatch: pytest.MonkeyPatch, capability: str, copies: bool
+def test_each_cpu_gets_the_weights_it_was_measured_to_decode_fastest_with(
+    monkeypatch: pytest.MonkeyPatch, capability: str, vendor: str, onednn: bool, weights: str
 ) -> None:
-    monkeypatch.undo()  # this test is of the real gate
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    assert layout.copies_pay_off() is copies
-    layer = _layer()
-    with layout.decode_layout(layer, 1):
-        assert ("forward" in vars(layer)) is copies
-    assert "forward" not in vars(layer)
+    _cpu(monkeypatch, capability, vendor, onednn)
+    assert layout.decode_weights() == weights
+
+
+def test_the_vendor_is_what_linux_reports() -> None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            reported = [line.split(":", 1)[1].strip() for line in info if "vendor_id" in line]
+    except OSError:
+        reported = []
+    assert layout.cpu_vendor() == (reported[0] if reported else "")
 
 
 class _WithOutput(nn.Module):
@@ -115,8 +137,7 @@ class _WithOutput(nn.Module):
 def test_packed_output_layer_gives_the_products_for_few_rows_and_its_own_path_for_many(
     monkeypatch: pytest.MonkeyPatch, bias: bool
 ) -> None:
-    monkeypatch.setattr(layout, "copies_pay_off", lambda: False)
-    monkeypatch.setattr(layout, "packing_pays_off", lambda: True)
+    monkeypatch.setattr(layout, "decode_weights", lambda: "packed_output")
     model = _WithOutput()
     model.head = nn.Linear(20, 30, bias=bias)
     few = torch.randn(3, 1, 20)
@@ -132,41 +153,59 @@ def test_packed_output_layer_gives_the_products_for_few_rows_and_its_own_path_fo
     assert not any("forward" in vars(m) for m in model.modules())
 
 
-@pytest.mark.parametrize(
-    ("capability", "copied", "packed"),
-    [("AVX512", True, False), ("AVX2", False, True), ("DEFAULT", False, False)],
-)
-def test_each_kernel_kind_gets_the_layout_it_was_measured_to_gain_from(
-    monkeypatch: pytest.MonkeyPatch, capability: str, copied: bool, packed: bool
+@onednn
+def test_every_packed_layer_gives_the_products_for_few_rows_and_its_own_path_for_many(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.undo()  # this test is of the real gates
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(layout, "decode_weights", lambda: "packed")
     model = _WithOutput()
-    with layout.decode_layout(model, 1):
-        assert ("forward" in vars(model.body)) is copied
-        assert ("forward" in vars(model.head)) is (copied or packed)
+    few = torch.randn(3, 1, 12)
+    many = torch.randn(layout.DECODE_ROWS + 1, 12)
+    before_few, before_many = model.head(model.body(few)), model.head(model.body(many))
+    with torch.no_grad(), layout.decode_layout(model, 3):
+        assert "forward" in vars(model.body) and "forward" in vars(model.head)
+        assert vars(model.body)["forward"].func is layout._packed_forward
+        torch.testing.assert_close(model.head(model.body(few)), before_few)
+        torch.testing.assert_close(model.head(model.body(many)), before_many, rtol=0, atol=0)
+        model.body.weight.add_(1.0)  # packed on entry: the few-row path does not follow
+        torch.testing.assert_close(model.head(model.body(few)), before_few)
     assert not any("forward" in vars(m) for m in model.modules())
 
 
-def test_without_onednn_an_avx2_cpu_keeps_the_layers_own_path(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("weights", "body", "head"),
+    [
+        ("copies", True, True),
+        ("packed", True, True),
+        ("packed_output", False, True),
+        ("as_is", False, False),
+    ],
+)
+def test_each_choice_of_weights_prepares_its_layers(
+    monkeypatch: pytest.MonkeyPatch, weights: str, body: bool, head: bool
 ) -> None:
-    monkeypatch.undo()
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert not layout.packing_pays_off()
+    if weights.startswith("packed") and not layout.onednn_linear():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(layout, "decode_weights", lambda: weights)
+    model = _WithOutput()
+    with layout.decode_layout(model, 1):
+        assert ("forward" in vars(model.body)) is body
+        assert ("forward" in vars(model.head)) is head
+    assert not any("forward" in vars(m) for m in model.modules())
 
 
 @pytest.mark.parametrize(
     ("path", "forward_name"),
-    [("copies", "_few_rows_forward"), pytest.param("packed", "_packed_forward", marks=onednn)],
+    [
+        ("copies", "_few_rows_forward"),
+        pytest.param("packed", "_packed_forward", marks=onednn),
+        pytest.param("packed_output", "_packed_forward", marks=onednn),
+    ],
 )
 def test_generation_runs_its_decoding_steps_on_the_prepared_weights_and_samples_the_same_tokens(
     monkeypatch: pytest.MonkeyPatch, path: str, forward_name: str
 ) -> None:
-    monkeypatch.setattr(layout, "copies_pay_off", lambda: path == "copies")
-    monkeypatch.setattr(layout, "packing_pays_off", lambda: path == "packed")
+    monkeypatch.setattr(layout, "decode_weights", lambda: path)
     agent = tiny_agent(seed=3, eos_bias=1.0)
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.9)
     prompts = ["Describe a city.", "Invent a holiday."]
