@@ -18,13 +18,16 @@ Rounds and the peak are timed on one clock: wall time by default (a GPU to itsel
 CPU seconds on a CPU shared with other work (``floor.py`` and ``vs_comlrl.py``). Used by
 ``scripts/gpu_check.py``, ``benchmarks/floor.py`` and ``benchmarks/vs_comlrl.py``. On
 the CPU, attention through ``scaled_dot_product_attention`` is not counted (torch registers no
-FLOP formula for its CPU kernel), so the CPU figures are of the matrix products alone.
+FLOP formula for its CPU kernel), so the CPU figures are of the matrix products alone. oneDNN's
+linear on a packed weight (the decoding steps' products where ``decode_layout`` packs weights)
+has none either, so the counter is given one (:func:`_packed_linear_flops`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +100,12 @@ def matmul_peak(
         synchronize(device)
         best = min(best, clock() - start)
     return 2.0 * size**3 * repeats / best
+
+
+def _packed_linear_flops(x_shape: Sequence[int], w_shape: Sequence[int], *_: Any, **__: Any) -> int:
+    """FLOPs of oneDNN's linear on a weight packed for it (``[out, in]``): 2 x rows x in x out,
+    as ``nn.Linear``'s product counts."""
+    return 2 * math.prod(x_shape[:-1]) * x_shape[-1] * w_shape[0]
 
 
 @contextlib.contextmanager
@@ -221,7 +230,8 @@ class RoundMeter:
     def count(self, round_fn: Callable[[], object]) -> object:
         """Run ``round_fn`` once under a FLOP counter (slow: do not time this round)."""
         totals = PhaseTotals()
-        with FlopCounterMode(display=False) as counter:
+        formulas = {torch.ops.mkldnn._linear_pointwise: _packed_linear_flops}
+        with FlopCounterMode(display=False, custom_mapping=formulas) as counter:
             start = [0]
 
             def enter() -> None:

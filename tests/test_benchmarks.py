@@ -166,6 +166,19 @@ def test_the_round_meter_tells_generation_from_the_update(bench) -> None:
     assert figures["round"]["share_of_peak"] == 472 / best.total / 1e12
 
 
+@pytest.mark.skipif(not onednn_linear(), reason="this torch has no oneDNN linear")
+def test_the_round_meter_counts_products_on_weights_packed_for_onednn(bench) -> None:
+    meter = bench["peak"].RoundMeter("cpu", [(_Child, "generate")])
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 8), 8)  # [out, in]
+
+    def round_fn() -> None:
+        _Child().generate()  # 192 FLOPs, as above
+        torch.ops.mkldnn._linear_pointwise(torch.ones(2, 5, 8), packed, None, "none", [], "")
+
+    meter.count(round_fn)  # the packed product: 2 * (2 * 5) * 8 * 3 = 480 FLOPs
+    assert (meter.flops.generation, meter.flops.total) == (192, 672)
+
+
 def test_the_round_meter_times_each_update_from_its_generation_to_its_last_step(bench) -> None:
     """A clock that reads 0, 1, 2, ...: two rounds of generate, step, step inside one timed
     call, then logging (no step) before the end."""
