@@ -35,7 +35,7 @@ def test_the_readme_is_a_newcomers_page() -> None:
         assert outside not in text, outside
     assert not re.findall(r"`[0-9a-f]{7}`", text)  # no commit hashes
     # each command with how long it takes, and the fast subset of the tests
-    assert "main job" in text and "about 10 to 15 minutes" in text and "about 20 minutes" in text
+    assert "main job" in text and "about 9 to 15 minutes" in text and "about 20 minutes" in text
     assert 'python -m pytest -q -m "not slow"' in text
     for link in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (README.parent / link).is_file(), link

@@ -20,8 +20,8 @@ for SmolLM2-135M), none while it trains.
 That gain is a property of the kernels, not of the layout: on an AMD EPYC (Zen 3) whose torch
 runs its AVX2 kernels (MKL, one thread) the same step took 118 ms without the copies and 135
 with them, the output layer's product 1.3 times as long. So the copies are made only where
-torch runs its AVX-512 kernels (:func:`copies_pay_off`), the only kind they were measured to
-speed up.
+torch runs its AVX-512 kernels, the only kind they were measured to speed up (but see AMD's
+below).
 
 With the AVX2 kernels it is the output layer that runs slowly at few rows: MKL multiplied 8 rows
 by SmolLM2's ``[49152, 576]`` weight at about 4.5 GB/s of weight read, where a sum reads this
@@ -30,16 +30,16 @@ oneDNN, packed once per ``generate`` call into its own blocked layout (0.12 s fo
 multiplies the few-row steps with oneDNN's kernel: the product took 0.52-0.65 of MKL's time at
 4-32 rows, a whole decoding step of 8 rows about 0.9 (the packing included). Packing the other
 layers too gained nothing more: their weights come from memory at every step either way, and
-packing them all took 0.7 s a call (:func:`packing_pays_off`; ``docs/benchmarks.md``, "The
-output layer packed for oneDNN, on AVX2").
+packing them all took 0.7 s a call (``docs/benchmarks.md``, "The output layer packed for
+oneDNN, on AVX2").
 
 On an AMD EPYC whose torch runs its AVX-512 kernels (Zen 4) neither holds: there the copies made
 a decoding step of 8 rows slower (1.09 times as long as without) and MKL's products ran as on
 Zen 3, while oneDNN's AVX-512 kernels multiplied each weight in 0.4-0.6 of MKL's time. So on AMD
 CPUs with AVX-512 kernels every eligible layer is packed for oneDNN (0.22 s for SmolLM2 per
-call): a decoding step of 8 rows took 0.74 of the time without, 0.62 of the copies' (``docs/
-benchmarks.md``, "Every layer packed for oneDNN, on AMD's AVX-512"). Which CPUs the copies were
-measured on is :func:`decode_weights`'s docstring.
+call): a decoding step of 8 rows took 0.75 of the time without, 0.68 of the copies'
+(``docs/benchmarks.md``, "Every layer packed for oneDNN, on AMD's AVX-512").
+:func:`decode_weights` makes the choice.
 """
 
 from __future__ import annotations
@@ -171,10 +171,9 @@ def decode_layout(model: nn.Module, sequences: int) -> Iterator[None]:
     every eligible ``nn.Linear`` multiplies by an ``[in, out]`` copy of its weight ("copies") or
     by its weight packed for oneDNN ("packed"), or only the output layer
     (``get_output_embeddings()``) by its packed weight ("packed_output"); "as_is" changes
-    nothing. For
-    inference only: the prepared weights do not follow later changes of the weight, and they have
-    no gradient. On leaving, the layers are as they were. ``sequences``: the rows of each
-    decoding step; above :data:`DECODE_ROWS` no step would use the prepared weights, so none are
-    made."""
+    nothing. For inference only: the prepared weights do not follow later changes of the
+    weight, and they have no gradient. On leaving, the layers are as they were. ``sequences``:
+    the rows of each decoding step; above :data:`DECODE_ROWS` no step would use the prepared
+    weights, so none are made."""
     with replaced_forwards(_decoding_forwards(model) if sequences <= DECODE_ROWS else ()):
         yield
