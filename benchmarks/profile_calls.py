@@ -228,8 +228,11 @@ def main() -> None:
                 sys.exit(f"--ops-of-round takes a round number from 1; {usage}")
             ops_round = int(args.pop(0))
         given.add(option)
-    if not args:
-        sys.exit(usage)
+    if args and args[0] in ("-h", "--help"):
+        print(f"{usage}\n\n{__doc__}")
+        return
+    if not args or args[0].startswith("-"):
+        sys.exit(f"no script to run (an unknown option?); {usage}")
     if "--ops-by-memory" in given and ops_round is None:
         sys.exit(f"--ops-by-memory sorts the operators of --ops-of-round N; give both. {usage}")
     if "--keep-freed-memory" in given:

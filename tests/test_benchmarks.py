@@ -335,6 +335,17 @@ def test_profile_calls_counts_the_main_job_calls(tmp_path: Path) -> None:
     assert "process: user " in proc.stderr and "minor page faults" in proc.stderr
 
 
+def test_profile_calls_answers_help_and_refuses_an_unknown_option() -> None:
+    script = str(BENCHMARKS / "profile_calls.py")
+    shown = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: ")
+    assert "--timeline" in shown.stdout and "page faults" in shown.stdout
+    wrong = subprocess.run(
+        [sys.executable, script, "--bogus", "train.py"], capture_output=True, text=True
+    )
+    assert wrong.returncode != 0 and "an unknown option?" in wrong.stderr
+
+
 def test_profile_calls_sorts_a_rounds_operators_by_the_memory_they_allocate(
     tmp_path: Path,
 ) -> None:
