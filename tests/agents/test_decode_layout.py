@@ -4,6 +4,7 @@ same sampled tokens."""
 
 from __future__ import annotations
 
+import io
 from contextlib import nullcontext
 
 import pytest
@@ -111,13 +112,33 @@ def test_each_cpu_gets_the_weights_it_was_measured_to_decode_fastest_with(
     assert layout.decode_weights() == weights
 
 
-def test_the_vendor_is_what_linux_reports() -> None:
+@pytest.mark.parametrize(
+    ("cpuinfo", "vendor"),
+    [
+        ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n", "AuthenticAMD"),
+        (
+            "processor\t: 0\nvendor_id\t: GenuineIntel\n\nprocessor\t: 1\nvendor_id\t: x\n",
+            "GenuineIntel",
+        ),
+        ("processor\t: 0\nCPU implementer\t: 0x41\n", ""),  # ARM's /proc/cpuinfo names none
+        (None, ""),  # no /proc/cpuinfo (macOS, Windows)
+    ],
+)
+def test_the_vendor_is_the_first_one_linux_reports(
+    monkeypatch: pytest.MonkeyPatch, cpuinfo: str | None, vendor: str
+) -> None:
+    def fake_open(path: str, encoding: str) -> io.StringIO:
+        assert path == "/proc/cpuinfo"
+        if cpuinfo is None:
+            raise FileNotFoundError(path)
+        return io.StringIO(cpuinfo)
+
+    monkeypatch.setattr(layout, "open", fake_open, raising=False)
+    layout.cpu_vendor.cache_clear()
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            reported = [line.split(":", 1)[1].strip() for line in info if "vendor_id" in line]
-    except OSError:
-        reported = []
-    assert layout.cpu_vendor() == (reported[0] if reported else "")
+        assert layout.cpu_vendor() == vendor
+    finally:
+        layout.cpu_vendor.cache_clear()  # the next caller reads the real file
 
 
 class _WithOutput(nn.Module):
