@@ -35,9 +35,9 @@ oneDNN, on AVX2").
 
 On an AMD EPYC whose torch runs its AVX-512 kernels (Zen 4) neither holds: there the copies made
 a decoding step of 8 rows slower (1.09 times as long as without) and MKL's products ran as on
-Zen 3, while oneDNN's AVX-512 kernels multiplied each weight in 0.4-0.6 of MKL's time. So on AMD
-CPUs with AVX-512 kernels every eligible layer is packed for oneDNN (0.22 s for SmolLM2 per
-call): a decoding step of 8 rows took 0.75 of the time without, 0.68 of the copies'
+Zen 3, while oneDNN's AVX-512 kernels multiplied each weight in 0.35-0.62 of MKL's time at 4-8
+rows. So on AMD CPUs with AVX-512 kernels every eligible layer is packed for oneDNN (0.22 s for
+SmolLM2 per call): a decoding step of 8 rows took 0.75 of the time without, 0.68 of the copies'
 (``docs/benchmarks.md``, "Every layer packed for oneDNN, on AMD's AVX-512").
 :func:`decode_weights` makes the choice.
 """
