@@ -13,12 +13,19 @@ machine's load:
   packed (each side's preparing included) and without any, and whether each sampled the tokens
   of "without".
 
+With ``--update-rows`` it also times the same weight shapes at the update's row counts
+(``nn.Linear``, MKL, against oneDNN on a weight packed for that many rows; process CPU time,
+best of ``--repeats`` runs of 5 calls): whether packing would pay beyond decoding.
+``--skip-generation`` leaves out the ``generate`` calls (and the model).
+
 The library chooses by the CPU (``decode_weights``: the copies where torch runs its AVX-512
 kernels, except on AMD CPUs, which pack every layer; the output layer packed with its AVX2
 kernels); the header says which kernels and vendor this machine has and which the library uses,
 and each side is forced whatever it says.
 
     OMP_NUM_THREADS=1 python benchmarks/decode_layout.py --threads 1 --rows 8 16 32
+    OMP_NUM_THREADS=1 python benchmarks/decode_layout.py --rows 8 --update-rows 64 256 512 \
+        --repeats 3 --skip-generation
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ SHAPES = {"MLP up/gate": (1536, 576), "MLP down": (576, 1536), "output layer": (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument(
+        "--update-rows", type=int, nargs="*", default=[], help="the update's row counts to time"
+    )
+    parser.add_argument("--skip-generation", action="store_true")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
@@ -54,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("tokens", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if any(r < 1 for r in args.update_rows):
+        parser.error(f"--update-rows must be at least 1, got {args.update_rows}")
     if any(r < 2 or r % 2 for r in args.rows):
         parser.error(f"--rows must be even numbers of at least 2 (2 prompts), got {args.rows}")
     return args
@@ -69,6 +82,19 @@ def _micro(call: Callable[[], object], repeats: int) -> float:
             call()
         runs.append((time.perf_counter() - start) / 50 * 1e6)
     return statistics.median(runs)
+
+
+def _best_cpu_seconds(call: Callable[[], object], repeats: int) -> float:
+    """Least process CPU seconds per call over ``repeats`` runs of 5 calls (products of
+    milliseconds: the least loaded run is the kernel's own speed)."""
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        for _ in range(5):
+            call()
+        best = min(best, (time.process_time() - start) / 5)
+    return best
 
 
 def products(rows: list[int], repeats: int) -> None:
@@ -94,6 +120,27 @@ def products(rows: list[int], repeats: int) -> None:
                 onednn = _micro(partial(pointwise, x, packed, None, "none", [], ""), repeats)
                 line += f"  {onednn:8.0f} ({onednn / plain:4.2f}x)"
             print(line)
+
+
+def update_products(rows: list[int], repeats: int) -> None:
+    print(
+        "the update's row counts (process CPU ms per call, best run): nn.Linear (MKL), "
+        "oneDNN on a weight packed for that many rows (ratio)"
+    )
+    pointwise = torch.ops.mkldnn._linear_pointwise
+    for name, (out_features, in_features) in SHAPES.items():
+        weight = torch.randn(out_features, in_features)
+        for m in rows:
+            x = torch.randn(m, in_features)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, m)
+            mkl = _best_cpu_seconds(partial(torch.nn.functional.linear, x, weight), repeats)
+            onednn = _best_cpu_seconds(partial(pointwise, x, packed, None, "none", [], ""), repeats)
+            gflop = 2 * m * in_features * out_features / 1e9
+            print(
+                f"  {name:13s} [{out_features}, {in_features}] x {m:3d} rows: "
+                f"{mkl * 1e3:8.2f} ({gflop / mkl:3.0f} GFLOP/s)  {onednn * 1e3:8.2f} "
+                f"({gflop / onednn:3.0f} GFLOP/s, {onednn / mkl:4.2f}x)"
+            )
 
 
 def _side(name: str) -> AbstractContextManager[object]:
@@ -146,6 +193,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{layout.decode_weights()}"
     )
     products(args.rows, args.repeats)
+    if args.update_rows and layout.onednn_linear():
+        update_products(args.update_rows, args.repeats)
+    elif args.update_rows:
+        print("the update's row counts: not timed, this torch has no oneDNN linear")
+    if args.skip_generation:
+        return
     agent = LLMAgent.from_pretrained(args.model or str(smollm2_path()))
     agent.generate(["warm up"], 1, SamplingConfig(max_new_tokens=2))
     generation(agent, args.rows, args.tokens, args.repeats)

@@ -284,6 +284,23 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
         decode_layout.parse_args(["--rows", "3"])
 
 
+def test_decode_layout_times_the_update_shapes_without_generating(capsys) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        decode_layout = importlib.import_module("decode_layout")
+        argv = ["--rows", "2", "--update-rows", "4", "--repeats", "1", "--skip-generation"]
+        decode_layout.main(argv)
+        with pytest.raises(SystemExit):
+            decode_layout.parse_args(["--update-rows", "0"])
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    out = capsys.readouterr().out
+    assert "rows: without" not in out  # no generate calls
+    update_lines = [line for line in out.splitlines() if " x   4 rows: " in line]
+    assert len(update_lines) == (3 if onednn_linear() else 0)  # the 3 weight shapes
+    assert all("GFLOP/s" in line for line in update_lines)
+
+
 def _profile_tiny_main_job(tmp_path: Path, options: list[str]) -> subprocess.CompletedProcess[str]:
     """profile_calls.py with ``options`` over one epoch of the --tiny main job (2 new tokens);
     its finished process, checked to have succeeded."""

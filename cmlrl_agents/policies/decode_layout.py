@@ -111,20 +111,30 @@ def decode_weights() -> DecodeWeights:
     return "as_is"
 
 
-def _few_rows_forward(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
+def _few_rows_forward(
+    product: Callable[[nn.Linear, Tensor, Tensor], Tensor],
+    layer: nn.Linear,
+    prepared: Tensor,
+    x: Tensor,
+) -> Tensor:
+    """``product(layer, prepared, x)`` for a pass of at most :data:`DECODE_ROWS` rows,
+    ``nn.Linear``'s own product above."""
     if x.numel() // x.shape[-1] > DECODE_ROWS:
         return nn.functional.linear(x, layer.weight, layer.bias)
+    return product(layer, prepared, x)
+
+
+def _copy_product(layer: nn.Linear, weight_t: Tensor, x: Tensor) -> Tensor:
     y = x @ weight_t
     return y if layer.bias is None else y + layer.bias
 
 
 def _copied(layer: nn.Linear) -> Callable[[Tensor], Tensor]:
-    return partial(_few_rows_forward, layer, layer.weight.detach().t().contiguous())
+    weight_t = layer.weight.detach().t().contiguous()
+    return partial(_few_rows_forward, _copy_product, layer, weight_t)
 
 
-def _packed_forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
-    if x.numel() // x.shape[-1] > DECODE_ROWS:
-        return nn.functional.linear(x, layer.weight, layer.bias)
+def _packed_product(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
     # oneDNN's linear on a weight packed by _reorder_linear_weight: the op torch's own compiler
     # emits for a frozen linear layer on a CPU (its name is private: onednn_linear looks it up).
     y: Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
@@ -135,7 +145,7 @@ def _packed(layer: nn.Linear) -> Callable[[Tensor], Tensor]:
     # The batch size is a hint for oneDNN's layout: packed for 8 rows, 1 to 64 rows ran as fast
     # as with a packing for their own count.
     packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), 8)
-    return partial(_packed_forward, layer, packed)
+    return partial(_few_rows_forward, _packed_product, layer, packed)
 
 
 def _decoding_forwards(model: nn.Module) -> Iterator[tuple[nn.Linear, Callable[[Tensor], Tensor]]]:

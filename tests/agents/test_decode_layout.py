@@ -185,7 +185,7 @@ def test_every_packed_layer_gives_the_products_for_few_rows_and_its_own_path_for
     before_few, before_many = model.head(model.body(few)), model.head(model.body(many))
     with torch.no_grad(), layout.decode_layout(model, 3):
         assert "forward" in vars(model.body) and "forward" in vars(model.head)
-        assert vars(model.body)["forward"].func is layout._packed_forward
+        assert vars(model.body)["forward"].args[0] is layout._packed_product
         torch.testing.assert_close(model.head(model.body(few)), before_few)
         torch.testing.assert_close(model.head(model.body(many)), before_many, rtol=0, atol=0)
         model.body.weight.add_(1.0)  # packed on entry: the few-row path does not follow
@@ -216,15 +216,15 @@ def test_each_choice_of_weights_prepares_its_layers(
 
 
 @pytest.mark.parametrize(
-    ("path", "forward_name"),
+    ("path", "product_name"),
     [
-        ("copies", "_few_rows_forward"),
-        pytest.param("packed", "_packed_forward", marks=onednn),
-        pytest.param("packed_output", "_packed_forward", marks=onednn),
+        ("copies", "_copy_product"),
+        pytest.param("packed", "_packed_product", marks=onednn),
+        pytest.param("packed_output", "_packed_product", marks=onednn),
     ],
 )
 def test_generation_runs_its_decoding_steps_on_the_prepared_weights_and_samples_the_same_tokens(
-    monkeypatch: pytest.MonkeyPatch, path: str, forward_name: str
+    monkeypatch: pytest.MonkeyPatch, path: str, product_name: str
 ) -> None:
     monkeypatch.setattr(layout, "decode_weights", lambda: path)
     agent = tiny_agent(seed=3, eos_bias=1.0)
@@ -232,13 +232,14 @@ def test_generation_runs_its_decoding_steps_on_the_prepared_weights_and_samples_
     prompts = ["Describe a city.", "Invent a holiday."]
     keys = [row_key(5, p, g) for p in range(2) for g in range(3)]
     calls = {"few": 0}
-    forward = getattr(layout, forward_name)
+    product = getattr(layout, product_name)
 
     def counted(layer: nn.Linear, prepared: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        calls["few"] += int(x.numel() // x.shape[-1] <= layout.DECODE_ROWS)
-        return forward(layer, prepared, x)
+        assert x.numel() // x.shape[-1] <= layout.DECODE_ROWS  # the prompt pass keeps its own
+        calls["few"] += 1
+        return product(layer, prepared, x)
 
-    monkeypatch.setattr(layout, forward_name, counted)
+    monkeypatch.setattr(layout, product_name, counted)
     prepared = agent.generate(prompts, 3, sampling, keys=keys)
     assert calls["few"] > 0
     assert not any("forward" in vars(m) for m in agent.model.modules())
