@@ -16,6 +16,13 @@ Each run is a fresh child process (the reference in a throwaway virtualenv), tim
     python benchmarks/vs_comlrl.py --turns 1 --items 4 --generation-backend hf_bf16
     #   ours sampling from bfloat16 copies of the agents (with the truncated importance weights)
 
+With ``--repeats N`` every side runs N times, each repeat in another order (rotated: comlrl,
+full, lora; then full, lora, comlrl; ...), so that a machine whose speed drifts within minutes
+loads every side alike; each repeat's ratios come from its own runs, and the summary gives their
+median and range (the FLOP shares are counted in the first repeat only).
+
+    python benchmarks/vs_comlrl.py --turns 1 --items 4 --threads 1 --repeats 3
+
 Prints seconds per task item, generated tokens per second and peak RSS for both, and the ratios;
 for ours also the share of the machine's peak (``benchmarks/peak.py``): the FLOPs of the training
 run, counted in one more epoch over the same items after the timed one (2 turns: the second
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -90,9 +98,11 @@ OURS = COMMON + textwrap.dedent("""
     start = time.perf_counter()
     meter.time(trainer.train)
     seconds, rollouts, peak = time.perf_counter() - start, trainer.env_step, peak_rss()
-    config.num_train_epochs += 1  # the same items again, FLOPs counted (slow: not timed)
-    meter.count(trainer.train)
-    share = meter.figures(matmul_peak("cpu", torch.float32, clock=time.process_time))
+    share = None
+    if spec.get("count", True):
+        config.num_train_epochs += 1  # the same items again, FLOPs counted (slow: not timed)
+        meter.count(trainer.train)
+        share = meter.figures(matmul_peak("cpu", torch.float32, clock=time.process_time))
     report(seconds, rollouts, share, peak)
 """)
 
@@ -110,7 +120,7 @@ REFERENCE_RUN = COMMON + textwrap.dedent("""
 """)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--items", type=int, default=4)
@@ -133,7 +143,35 @@ def main() -> None:
         default="hf",
         help="ours: the config's generation_backend (hf_bf16: sample from bfloat16 copies)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of every side, each repeat in another order"
+    )
+    args = parser.parse_args(argv)
+    for name in ("items", "tokens", "threads", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return args
+
+
+def run_order(sides: list[str], repeat: int) -> list[str]:
+    """The order of the sides in repeat ``repeat`` (from 0): rotated by one per repeat."""
+    shift = repeat % len(sides)
+    return sides[shift:] + sides[:shift]
+
+
+def ratios(runs: list[dict[str, dict]], setup: str) -> tuple[list[float], list[float]]:
+    """Each repeat's speed ratio (the reference's seconds per item over ours) and memory ratio
+    (our peak over the reference's) for ``setup``, from that repeat's own runs."""
+    speed, memory = [], []
+    for results in runs:
+        ref, ours = results["comlrl"], results[f"cmlrl-{setup}"]
+        speed.append((ref["seconds"] / ref["items"]) / (ours["seconds"] / ours["items"]))
+        memory.append(ours["peak_gb"] / ref["peak_gb"])
+    return speed, memory
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     from cmlrl_agents.policies.agent import smollm2_path
 
@@ -144,38 +182,56 @@ def main() -> None:
         f"{args.items} items, {args.threads} threads"
         + (", ours with bf16=True" if args.bf16 else "")
         + f", ours with generation_backend={args.generation_backend!r}"
+        + (f", {args.repeats} repeats in rotated order" if args.repeats > 1 else "")
     )
     header = f"{'turns':>5} {'library':>12} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
     print(header + "  share of the fp32 matmul peak (ours)")
+    sides = ["comlrl"] + [f"cmlrl-{setup}" for setup in args.setups]
     for turns in args.turns:
-        with tempfile.TemporaryDirectory() as out:
-            spec = {
-                "turns": turns,
-                "items": args.items,
-                "tokens": args.tokens,
-                "model": model,
-                "out": out,
-                "bf16": args.bf16,
-                "generation_backend": args.generation_backend,
-                "benchmarks": str(Path(__file__).resolve().parent),
-            }
-            results = {"comlrl": run(ref_python, REFERENCE_RUN, spec, args.threads)}
-            for setup in args.setups:
-                spec["setup"] = setup
-                results[f"cmlrl-{setup}"] = run(sys.executable, OURS, spec, args.threads)
-        for name, r in results.items():
-            print(
-                f"{turns:>5} {name:>12} {r['seconds'] / r['items']:>8.2f} "
-                f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}  "
-                + (format_shares(r["share"], per="CPU s") if r["share"] else "not split")
-            )
-        ref = results["comlrl"]
+        runs = []
+        for repeat in range(args.repeats):
+            results: dict[str, dict] = {}
+            with tempfile.TemporaryDirectory() as out:
+                spec = {
+                    "turns": turns,
+                    "items": args.items,
+                    "tokens": args.tokens,
+                    "model": model,
+                    "out": out,
+                    "bf16": args.bf16,
+                    "generation_backend": args.generation_backend,
+                    "benchmarks": str(Path(__file__).resolve().parent),
+                    "count": repeat == 0,
+                }
+                for side in run_order(sides, repeat):
+                    if side == "comlrl":
+                        results[side] = run(ref_python, REFERENCE_RUN, spec, args.threads)
+                    else:
+                        spec["setup"] = side.removeprefix("cmlrl-")
+                        results[side] = run(sys.executable, OURS, spec, args.threads)
+            runs.append(results)
+            label = f" run {repeat + 1}" if args.repeats > 1 else ""
+            for name in sides:
+                r = results[name]
+                print(
+                    f"{turns:>5} {name + label:>12} {r['seconds'] / r['items']:>8.2f} "
+                    f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}  "
+                    + (format_shares(r["share"], per="CPU s") if r["share"] else "not split")
+                )
         for setup in args.setups:
-            ours = results[f"cmlrl-{setup}"]
-            speed = (ref["seconds"] / ref["items"]) / (ours["seconds"] / ours["items"])
+            speed, memory = ratios(runs, setup)
+            if args.repeats == 1:
+                print(
+                    f"{turns:>5} {'ratio ' + setup:>12} {speed[0]:>7.2f}x faster per item; "
+                    f"peak memory {memory[0]:.2f}x the reference's"
+                )
+                continue
             print(
-                f"{turns:>5} {'ratio ' + setup:>12} {speed:>7.2f}x faster per item; peak memory "
-                f"{ours['peak_gb'] / ref['peak_gb']:.2f}x the reference's"
+                f"{turns:>5} {'ratio ' + setup:>12} {statistics.median(speed):>7.2f}x faster per "
+                f"item, the median of {args.repeats} repeats ({min(speed):.2f}-{max(speed):.2f}x: "
+                + ", ".join(f"{x:.2f}" for x in speed)
+                + f"); peak memory {statistics.median(memory):.2f}x the reference's "
+                f"({min(memory):.2f}-{max(memory):.2f}x)"
             )
 
 

@@ -132,6 +132,31 @@ def test_vs_comlrl_uses_the_shared_helpers(bench) -> None:
     assert bench["vs_comlrl"].run is helpers.run_child
 
 
+def test_vs_comlrl_rotates_the_sides_and_reads_each_repeats_own_ratios(bench, capsys) -> None:
+    vs = bench["vs_comlrl"]
+    sides = ["comlrl", "cmlrl-full", "cmlrl-lora"]
+    assert [vs.run_order(sides, r) for r in range(4)] == [
+        sides,
+        ["cmlrl-full", "cmlrl-lora", "comlrl"],
+        ["cmlrl-lora", "comlrl", "cmlrl-full"],
+        sides,
+    ]
+
+    def side(seconds: float, peak: float) -> dict:
+        return {"seconds": seconds, "items": 4, "peak_gb": peak}
+
+    runs = [
+        {"comlrl": side(60.0, 6.0), "cmlrl-full": side(30.0, 4.5)},
+        {"comlrl": side(66.0, 5.0), "cmlrl-full": side(22.0, 4.5)},
+    ]
+    speed, memory = vs.ratios(runs, "full")
+    assert speed == [2.0, 3.0] and memory == [0.75, 0.9]
+    assert vs.parse_args(["--repeats", "3"]).repeats == 3 and vs.parse_args([]).repeats == 1
+    with pytest.raises(SystemExit):
+        vs.parse_args(["--repeats", "0"])
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
 class _Generator:
     def generate(self, depth: int = 0) -> torch.Tensor:
         inner = self.generate(depth + 1) if depth < 2 else None  # nested: counted once
@@ -219,12 +244,7 @@ def test_vs_comlrl_reports_our_share_of_the_peak(
 ) -> None:
     """Our child program on a tiny model: its timed run, then the share of the matmul peak of
     generation and the update, from FLOPs counted in one more epoch over the same items."""
-    tokenizer = tiny_tokenizer()
-    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    spec = {"turns": 1, "items": 2, "tokens": 3, "setup": "lora", "benchmarks": str(BENCHMARKS)}
-    spec |= {"bf16": bf16, "generation_backend": backend}
-    spec |= {"model": str(tmp_path / "model"), "out": str(tmp_path / "run")}
+    spec = _tiny_vs_spec(tmp_path, bf16, backend)
     result = bench["vs_comlrl"].run(sys.executable, bench["vs_comlrl"].OURS, spec, 1)
     assert result["items"] == 2 and result["seconds"] > 0
     assert result["tokens"] == 2 * 4 * 2 * 3  # items x G x agents x forced tokens
@@ -232,6 +252,23 @@ def test_vs_comlrl_reports_our_share_of_the_peak(
     assert set(share) == {"generation", "update", "round"}
     assert all(0 < share[p]["share_of_peak"] < 1 for p in share)
     assert share["generation"]["flops"] + share["update"]["flops"] == share["round"]["flops"]
+
+
+def test_vs_comlrl_times_a_later_repeat_without_counting_flops(bench, tmp_path: Path) -> None:
+    spec = _tiny_vs_spec(tmp_path, False, "hf") | {"count": False}
+    result = bench["vs_comlrl"].run(sys.executable, bench["vs_comlrl"].OURS, spec, 1)
+    assert result["share"] is None and result["items"] == 2 and result["seconds"] > 0
+
+
+def _tiny_vs_spec(tmp_path: Path, bf16: bool, backend: str) -> dict:
+    """vs_comlrl's child spec for our adapter agents on a tiny model saved under ``tmp_path``:
+    1 turn, 2 items, 3 forced tokens."""
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    spec = {"turns": 1, "items": 2, "tokens": 3, "setup": "lora", "benchmarks": str(BENCHMARKS)}
+    spec |= {"bf16": bf16, "generation_backend": backend}
+    return spec | {"model": str(tmp_path / "model"), "out": str(tmp_path / "run")}
 
 
 @pytest.mark.parametrize("setup", ["full", "lora"])
