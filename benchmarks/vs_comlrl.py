@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         + f", ours with generation_backend={args.generation_backend!r}"
         + (f", {args.repeats} repeats in rotated order" if args.repeats > 1 else "")
     )
-    header = f"{'turns':>5} {'library':>12} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
+    width = 18 if args.repeats > 1 else 12  # room for "cmlrl-full run 3"
+    header = f"{'turns':>5} {'library':>{width}} {'s/item':>8} {'tok/s':>8} {'peak GB':>8}"
     print(header + "  share of the fp32 matmul peak (ours)")
     sides = ["comlrl"] + [f"cmlrl-{setup}" for setup in args.setups]
     for turns in args.turns:
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
             for name in sides:
                 r = results[name]
                 print(
-                    f"{turns:>5} {name + label:>12} {r['seconds'] / r['items']:>8.2f} "
+                    f"{turns:>5} {name + label:>{width}} {r['seconds'] / r['items']:>8.2f} "
                     f"{r['tokens'] / r['seconds']:>8.1f} {r['peak_gb']:>8.2f}  "
                     + (format_shares(r["share"], per="CPU s") if r["share"] else "not split")
                 )
@@ -222,13 +223,14 @@ def main(argv: list[str] | None = None) -> None:
             speed, memory = ratios(runs, setup)
             if args.repeats == 1:
                 print(
-                    f"{turns:>5} {'ratio ' + setup:>12} {speed[0]:>7.2f}x faster per item; "
+                    f"{turns:>5} {'ratio ' + setup:>{width}} {speed[0]:>7.2f}x faster per item; "
                     f"peak memory {memory[0]:.2f}x the reference's"
                 )
                 continue
+            median = statistics.median(speed)
             print(
-                f"{turns:>5} {'ratio ' + setup:>12} {statistics.median(speed):>7.2f}x faster per "
-                f"item, the median of {args.repeats} repeats ({min(speed):.2f}-{max(speed):.2f}x: "
+                f"{turns:>5} {'ratio ' + setup:>{width}} {median:>7.2f}x faster per item, the "
+                f"median of {args.repeats} repeats ({min(speed):.2f}-{max(speed):.2f}x: "
                 + ", ".join(f"{x:.2f}" for x in speed)
                 + f"); peak memory {statistics.median(memory):.2f}x the reference's "
                 f"({min(memory):.2f}-{max(memory):.2f}x)"
