@@ -1,6 +1,6 @@
 """One `generate` call of SmolLM2-135M-Instruct under torch.profiler: 2 prompts x 4 samples, 48
 tokens, the MAGRPO defaults' sampling (temperature 0.6, top-k 50, top-p 0.6), one thread,
-operators by self CPU time grouped by input shape. Where a decoding step's time goes.
+operators by self CPU time, then grouped by input shape too. Where a decoding step's time goes.
 
     OMP_NUM_THREADS=1 taskset -c 1 python results/round-time-amd-avx512/decode_ops.py
 """
@@ -26,5 +26,6 @@ agent.generate(prompts, 4, sampling, keys=keys)
 print(f"generate: {time.process_time() - start:.2f} CPU s")
 with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
     agent.generate(prompts, 4, sampling, keys=keys)
-table = prof.key_averages(group_by_input_shape=True)
+print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))  # by operator
+table = prof.key_averages(group_by_input_shape=True)  # and by operator and shape
 print(table.table(sort_by="self_cpu_time_total", row_limit=30))
