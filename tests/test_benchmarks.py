@@ -321,6 +321,27 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
         decode_layout.parse_args(["--rows", "3"])
 
 
+def test_adapter_spans_compares_the_three_sides_on_a_tiny_model(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("peft")
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        adapter_spans = importlib.import_module("adapter_spans")
+        argv = ["--model", str(tmp_path), "--rows", "4", "--tokens", "3", "--repeats", "2"]
+        adapter_spans.main(argv)
+        with pytest.raises(SystemExit):
+            adapter_spans.parse_args(["--rows", "6"])
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    out = capsys.readouterr().out
+    assert "4 rows (2 adapters), 3 forced tokens" in out
+    assert re.search(r"slices +[0-9.]+ \([0-9.]+x peft's; runs [0-9.]+, [0-9.]+\)", out)
+    assert "peft     " in out and "base     " in out
+    assert "the slices sampled peft's tokens: True" in out
+
+
 def test_decode_layout_times_the_update_shapes_without_generating(capsys) -> None:
     sys.path.insert(0, str(BENCHMARKS))
     try:

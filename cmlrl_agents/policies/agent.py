@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cmlrl_agents.policies.adapter_spans import adapter_span_forwards
 from cmlrl_agents.policies.decode_layout import decode_layout
 
 # Re-exported: model-file conversion lives in gguf.py, the names stay importable from here.
@@ -279,6 +281,7 @@ class LLMAgent:
             torch.inference_mode(),
             only_our_generation_settings(self.model),
             decode_layout(self.model, input_ids.shape[0]),
+            adapter_span_forwards(self.model) if adapter_names is not None else nullcontext(),
         ):
             # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
             generated = self.model.generate(  # type: ignore[operator]
