@@ -10,9 +10,9 @@ adds each run's product into its slice of the base layer's output in place: the 
 on the same numbers, so the tokens are the same.
 
 One ``generate`` call of 32 tokens for 16 rows (two SmolLM2-135M-Instruct adapters of rank 16
-on the attention's projections, 8 rows each, one thread, AMD EPYC with torch's AVX-512 kernels)
-took 4.01-4.09 CPU s instead of peft's 4.71-5.61, where the base alone takes 3.43-3.77
-(``results/adapter-spans/``; ``docs/benchmarks.md``, "Adapter rows as slices").
+on the attention's projections, 8 rows each; one thread, an AMD EPYC with torch's AVX-512
+kernels) took 4.98 CPU s instead of peft's 5.69, where the base alone took 4.27
+(``benchmarks/adapter_spans.py``; ``docs/benchmarks.md``, "Adapter rows as slices").
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ class _Spans:
         return self.spans
 
 
+def _variant_among(layer: Any, names: list[str]) -> bool:
+    """Whether a row's adapter is DoRA or another LoRA variant, which compute otherwise
+    (``lora_variant`` is peft's since 0.16; ``use_dora`` before and since)."""
+    variants = getattr(layer, "lora_variant", None) or {}
+    dora = {name for name, on in layer.use_dora.items() if on}
+    return bool(variants or dora) and any(n in variants or n in dora for n in set(names))
+
+
 def _span_forward(layer: Any, spans: _Spans, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """peft's ``lora.Linear.forward`` for a mixed batch of plain LoRA adapters, each run of
     rows as a slice; anything else goes to peft's own forward, which also raises its errors."""
@@ -72,7 +80,7 @@ def _span_forward(layer: Any, spans: _Spans, x: Tensor, *args: Any, **kwargs: An
         or len(names) != x.shape[0]
         or layer.merged
         or layer.disable_adapters
-        or (layer.lora_variant and any(name in layer.lora_variant for name in set(names)))
+        or _variant_among(layer, names)
     ):
         return type(layer).forward(layer, x, *args, **kwargs)
     result: Tensor = layer.base_layer(x)

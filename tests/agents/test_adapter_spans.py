@@ -96,6 +96,11 @@ def test_anything_but_a_plain_mixed_batch_takes_peft_s_own_path_and_errors() -> 
             )
         with pytest.raises(ValueError, match="Length of `adapter_names`"):
             _logits(model, ids, adapter_names=NAMES[:-1])
+        dora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_dora=True)
+        model.add_adapter("dora", peft.LoraConfig(**dora))
+        with pytest.raises(ValueError, match="DoRA"):
+            _logits(model, ids, adapter_names=["dora"] + NAMES[1:])
+        model.delete_adapter("dora")
         model.merge_adapter(["agent_1"])
         with pytest.raises(ValueError, match="merged adapters"):
             _logits(model, ids, adapter_names=NAMES)
