@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, nullcontext
 from unittest import mock
 
 import torch
+from option_checks import refuse_below_one
 from peft import LoraConfig, get_peft_model
 
 from cmlrl_agents.policies import agent as agent_module
@@ -41,9 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", default=None, help="default: the local SmolLM2 folder")
     args = parser.parse_args(argv)
-    for name in ("tokens", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    refuse_below_one(parser, args, ("tokens", "repeats", "threads"))
     if args.rows < 4 or args.rows % 4:
         parser.error(f"--rows must be a multiple of 4 (2 adapters x 2 prompts), got {args.rows}")
     return args

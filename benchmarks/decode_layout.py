@@ -39,6 +39,7 @@ from functools import partial
 from unittest import mock
 
 import torch
+from option_checks import refuse_below_one
 
 from cmlrl_agents.policies import agent as agent_module
 from cmlrl_agents.policies import decode_layout as layout
@@ -62,9 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", default=None, help="default: the local SmolLM2 folder")
     args = parser.parse_args(argv)
-    for name in ("tokens", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    refuse_below_one(parser, args, ("tokens", "repeats", "threads"))
     if any(r < 1 for r in args.update_rows):
         parser.error(f"--update-rows must be at least 1, got {args.update_rows}")
     if any(r < 2 or r % 2 for r in args.rows):

@@ -46,8 +46,10 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-# The throwaway-virtualenv and child-process helpers are shared with benchmarks/learning.py.
+from option_checks import refuse_below_one
 from peak import format_shares
+
+# The throwaway-virtualenv and child-process helpers are shared with benchmarks/learning.py.
 from reference_env import reference_python
 from reference_env import run_child as run
 
@@ -147,9 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=1, help="runs of every side, each repeat in another order"
     )
     args = parser.parse_args(argv)
-    for name in ("items", "tokens", "threads", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    refuse_below_one(parser, args, ("items", "tokens", "threads", "repeats"))
     return args
 
 

@@ -26,7 +26,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def bench():
     sys.path.insert(0, str(BENCHMARKS))  # the scripts import their shared helper module
     try:
-        names = ("floor", "learning", "vs_comlrl", "peak")
+        names = ("floor", "learning", "vs_comlrl", "peak", "decode_layout", "adapter_spans")
         yield {name: importlib.import_module(name) for name in names}
     finally:
         sys.path.remove(str(BENCHMARKS))
@@ -300,17 +300,19 @@ def test_floor_runs_one_round_of_each_on_a_tiny_model(
         assert seconds <= phases["round"]["seconds"]
 
 
-def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsys) -> None:
+@pytest.fixture
+def tiny_folder(tmp_path: Path) -> Path:
+    """A tiny model and its tokenizer saved as a local folder, for a script's ``--model``."""
     tokenizer = tiny_tokenizer()
     tiny_model(len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        decode_layout = importlib.import_module("decode_layout")
-        argv = ["--model", str(tmp_path), "--rows", "2", "4", "--tokens", "3", "--repeats", "1"]
-        decode_layout.main(argv)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return tmp_path
+
+
+def test_decode_layout_compares_both_paths_on_a_tiny_model(bench, tiny_folder, capsys) -> None:
+    decode_layout = bench["decode_layout"]
+    argv = ["--model", str(tiny_folder), "--rows", "2", "4", "--tokens", "3", "--repeats", "1"]
+    decode_layout.main(argv)
     out = capsys.readouterr().out
     assert "torch's CPU kernels: " in out and "CPU vendor: " in out
     assert "the library's decoding weights here: " in out
@@ -321,20 +323,14 @@ def test_decode_layout_compares_both_paths_on_a_tiny_model(tmp_path: Path, capsy
         decode_layout.parse_args(["--rows", "3"])
 
 
-def test_adapter_spans_compares_the_three_sides_on_a_tiny_model(tmp_path: Path, capsys) -> None:
-    pytest.importorskip("peft")
-    tokenizer = tiny_tokenizer()
-    tiny_model(len(tokenizer)).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        adapter_spans = importlib.import_module("adapter_spans")
-        argv = ["--model", str(tmp_path), "--rows", "4", "--tokens", "3", "--repeats", "2"]
-        adapter_spans.main(argv)
-        with pytest.raises(SystemExit):
-            adapter_spans.parse_args(["--rows", "6"])
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def test_adapter_spans_compares_the_three_sides_on_a_tiny_model(bench, tiny_folder, capsys) -> None:
+    adapter_spans = bench["adapter_spans"]
+    argv = ["--model", str(tiny_folder), "--rows", "4", "--tokens", "3", "--repeats", "2"]
+    adapter_spans.main(argv)
+    with pytest.raises(SystemExit):
+        adapter_spans.parse_args(["--rows", "6"])
+    with pytest.raises(SystemExit):
+        adapter_spans.parse_args(["--repeats", "0"])
     out = capsys.readouterr().out
     assert "4 rows (2 adapters), 3 forced tokens" in out
     assert re.search(r"slices +[0-9.]+ \([0-9.]+x peft's; runs [0-9.]+, [0-9.]+\)", out)
@@ -342,16 +338,12 @@ def test_adapter_spans_compares_the_three_sides_on_a_tiny_model(tmp_path: Path, 
     assert "the slices sampled peft's tokens: True" in out
 
 
-def test_decode_layout_times_the_update_shapes_without_generating(capsys) -> None:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        decode_layout = importlib.import_module("decode_layout")
-        argv = ["--rows", "2", "--update-rows", "4", "--repeats", "1", "--skip-generation"]
-        decode_layout.main(argv)
-        with pytest.raises(SystemExit):
-            decode_layout.parse_args(["--update-rows", "0"])
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def test_decode_layout_times_the_update_shapes_without_generating(bench, capsys) -> None:
+    decode_layout = bench["decode_layout"]
+    argv = ["--rows", "2", "--update-rows", "4", "--repeats", "1", "--skip-generation"]
+    decode_layout.main(argv)
+    with pytest.raises(SystemExit):
+        decode_layout.parse_args(["--update-rows", "0"])
     out = capsys.readouterr().out
     assert "rows: without" not in out  # no generate calls
     update_lines = [line for line in out.splitlines() if " x   4 rows: " in line]
