@@ -68,7 +68,9 @@ def _side(agent: LLMAgent, side: str) -> AbstractContextManager[object]:
     """peft's gathered rows (the slices' forwards not put in), the base alone (the adapters
     disabled), or the library as it is."""
     if side == "peft":
-        return mock.patch.object(agent_module, "adapter_span_forwards", lambda model: nullcontext())
+        return mock.patch.object(
+            agent_module, "adapter_span_forwards", lambda model, names: nullcontext()
+        )
     if side == "base":
         return agent.model.disable_adapter()  # type: ignore[operator]
     return nullcontext()

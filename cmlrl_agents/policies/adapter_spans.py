@@ -119,13 +119,14 @@ def _lora_layers(model: nn.Module) -> Iterator[nn.Module]:
 
 
 @contextmanager
-def adapter_span_forwards(model: nn.Module) -> Iterator[None]:
+def adapter_span_forwards(model: nn.Module, adapter_names: Sequence[str] | None) -> Iterator[None]:
     """Within the block, mixed-adapter passes of ``model``'s LoRA layers add each run of rows
     with one adapter as a slice (the module docstring); for inference, where peft's indexed
-    write and the slice's in-place add are one and the same. On leaving, the layers are as
-    they were."""
+    write and the slice's in-place add are one and the same. ``adapter_names``: the batch's
+    names, one per row; None (no mixed batch) changes nothing, so an agent generating alone
+    keeps peft's own forward without a wrapper around it. On leaving, the layers are as they
+    were."""
+    layers = () if adapter_names is None else _lora_layers(model)
     spans = _Spans()
-    with replaced_forwards(
-        (layer, partial(_span_forward, layer, spans)) for layer in _lora_layers(model)
-    ):
+    with replaced_forwards((layer, partial(_span_forward, layer, spans)) for layer in layers):
         yield

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,7 +280,7 @@ class LLMAgent:
             torch.inference_mode(),
             only_our_generation_settings(self.model),
             decode_layout(self.model, input_ids.shape[0]),
-            adapter_span_forwards(self.model) if adapter_names is not None else nullcontext(),
+            adapter_span_forwards(self.model, adapter_names),
         ):
             # A transformers/PEFT method, which nn.Module types as a Tensor | Module attribute.
             generated = self.model.generate(  # type: ignore[operator]

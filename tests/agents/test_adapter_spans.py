@@ -63,23 +63,25 @@ def test_a_mixed_pass_gives_peft_s_numbers_without_gathering_rows(monkeypatch) -
     def gathered(*args: object, **kwargs: object) -> None:
         raise AssertionError("peft's gathered mixed batch ran inside the block")
 
-    with adapter_span_forwards(model):
+    with adapter_span_forwards(model, NAMES):
         monkeypatch.setattr(lora_layer.Linear, "_mixed_batch_forward", gathered)
         got = _logits(model, ids, adapter_names=NAMES)
         monkeypatch.undo()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def test_layers_are_restored_on_leaving_and_when_the_block_raises() -> None:
+def test_layers_are_restored_on_leaving_and_untouched_without_a_mixed_batch() -> None:
     model = _two_adapters().model
     layers = [m for m in model.modules() if type(m) is lora_layer.Linear]
     assert len(layers) == 6  # 2 blocks x (q, v, o)
-    with adapter_span_forwards(model):
+    with adapter_span_forwards(model, NAMES):
         assert all("forward" in vars(m) for m in layers)
     assert not any("forward" in vars(m) for m in layers)
-    with pytest.raises(RuntimeError, match="inside"), adapter_span_forwards(model):
+    with pytest.raises(RuntimeError, match="inside"), adapter_span_forwards(model, NAMES):
         raise RuntimeError("inside")
     assert not any("forward" in vars(m) for m in layers)
+    with adapter_span_forwards(model, None):  # no mixed batch: peft's forward, unwrapped
+        assert not any("forward" in vars(m) for m in layers)
 
 
 def test_anything_but_a_plain_mixed_batch_takes_peft_s_own_path_and_errors() -> None:
@@ -88,7 +90,7 @@ def test_anything_but_a_plain_mixed_batch_takes_peft_s_own_path_and_errors() -> 
     single = _logits(model, ids)  # the active adapter for every row, no adapter_names
     with model.disable_adapter():
         base = _logits(model, ids, adapter_names=NAMES)
-    with adapter_span_forwards(model):
+    with adapter_span_forwards(model, NAMES):
         torch.testing.assert_close(_logits(model, ids), single, rtol=0, atol=0)
         with model.disable_adapter():
             torch.testing.assert_close(
@@ -119,6 +121,6 @@ def test_agent_generation_samples_the_same_tokens_as_with_peft_s_own_path(monkey
         return [c.completion_ids for c in done]
 
     spans = tokens()
-    monkeypatch.setattr(agent_module, "adapter_span_forwards", lambda model: nullcontext())
+    monkeypatch.setattr(agent_module, "adapter_span_forwards", lambda model, names: nullcontext())
     assert tokens() == spans
     assert spans[0] != spans[3]  # the same prompt answered under the two adapters
