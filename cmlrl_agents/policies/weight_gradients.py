@@ -24,9 +24,15 @@ What autograd computes is unchanged up to float rounding: the uses' products are
 another way (inside the product instead of after it). Input gradients are the same products as
 autograd's. Left to autograd's own path: weights that are frozen or not leaves, modules with a
 forward of their own (an ``accelerate`` hook, say), embeddings with ``max_norm``,
-``scale_grad_by_freq`` or ``sparse``, passes under autocast (their backward mixes dtypes), and
-transformers models with activation checkpointing on (its recomputation runs the layers' own
-forwards; a model that calls ``torch.utils.checkpoint`` by itself is not detected).
+``scale_grad_by_freq`` or ``sparse`` or of a subclass (Gemma's scaled embedding), any weight
+that such a module also holds (a gradient from outside the buffer makes autograd sum out of
+place, and the uses that add in place after that sum would be lost), passes under autocast
+(their backward mixes dtypes), and transformers models with activation checkpointing on (its
+recomputation runs the layers' own forwards; a model that calls ``torch.utils.checkpoint`` by
+itself is not detected). Two blocks in one backward (two scoring calls in one loss) share each
+weight's buffer. A use of a gathered weight outside every block in the same backward (the
+model called directly) is refused with an error when autograd accumulates the weight, as the
+buffer's later parts may be lost there.
 
 One epoch of the main job, side by side with the code before it (one thread, one run per core,
 two pairs; ``docs/benchmarks.md``, "One gradient buffer per weight"): backward passes 0.90x and
@@ -36,6 +42,7 @@ digit for digit.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -44,6 +51,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
 from torch.nn import functional as F
+from torch.utils.hooks import RemovableHandle
 
 from cmlrl_agents.policies.model_methods import base_model
 from cmlrl_agents.policies.module_forwards import own_forward, replaced_forwards
@@ -52,31 +60,76 @@ __all__ = ["gathered_weight_gradients"]
 
 
 class _Gradient:
-    """One weight's gradient as its uses' backwards gather it, in one backward pass."""
+    """One weight's gradient as its uses' backwards gather it, in one backward pass.
+
+    There is one per weight for as long as a block or a graph holds it (:data:`_GRADIENTS`), so
+    two blocks whose graphs meet in one backward (two scoring calls in one loss) gather into one
+    buffer: two buffers for one weight would be summed by autograd out of place, and the uses
+    that add in place after that sum would be lost."""
 
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         self.buffer: Tensor | None = None
+        self.task = -1
+        """The backward (autograd's graph task) the buffer belongs to."""
+        self._hook: RemovableHandle | None = None
 
     def gather(self, fresh: Callable[[], Tensor], add: Callable[[Tensor], None]) -> Tensor | None:
         """The first use's ``fresh()`` product (handed to autograd), or None after adding a
         later use's part into it (``add(buffer)``, in place)."""
-        if self.buffer is None:
-            self.buffer = fresh()
-            self._hook = self.weight.register_hook(self._release)
-            # Also at the end of this backward, whether or not it reached the weight (an
-            # ``autograd.grad`` for other inputs does not): the next backward starts afresh.
-            Variable._execution_engine.queue_callback(self._release)
-            return self.buffer
-        add(self.buffer)
-        return None
+        if not self.weight.requires_grad:  # frozen since the forward: autograd skips it too
+            return None
+        task = torch._C._current_graph_task_id()
+        if self.buffer is not None and self.task == task:
+            add(self.buffer)
+            return None
+        self._drop()  # a buffer a backward stopped by an error left behind
+        self.buffer, self.task = fresh(), task
+        self._hook = self.weight.register_hook(self._check)
+        # Also at the end of this backward, whether or not it reached the weight (an
+        # ``autograd.grad`` for other inputs does not): the next backward starts afresh.
+        Variable._execution_engine.queue_callback(self._drop)
+        return self.buffer
 
-    def _release(self, grad: Tensor | None = None) -> None:
-        # As a hook on the weight, runs just before autograd accumulates its gradient (every use
-        # has added its part by then): with no other reference left, autograd takes the buffer,
-        # not a copy.
+    def _check(self, grad: Tensor) -> None:
+        # A hook on the weight, run just before autograd accumulates its gradient (every use
+        # has added its part by then). Dropping the reference first lets autograd take the
+        # buffer, not a copy. If autograd holds another tensor, a use outside the gathering
+        # modules sent the weight a gradient too, and autograd summed it with the buffer out of
+        # place, before or after the uses that added in place: their parts may be missing. A
+        # hook registered before this one may also have replaced the gradient, so the check
+        # runs only where this hook is the weight's one.
+        handed, ours = self.buffer, self.task == torch._C._current_graph_task_id()
+        self._drop()
+        if ours and grad is not handed and len(self.weight._backward_hooks or {}) == 0:
+            for other in list(_GRADIENTS.values()):  # the backward stops here: no callback
+                if other.task == self.task:
+                    other._drop()
+            raise RuntimeError(
+                f"A weight of shape {list(self.weight.shape)} got part of its gradient in this "
+                "backward from outside LLMAgent's scoring calls (the model called directly, or "
+                "the weight used in the loss), which the scoring calls' gathered weight "
+                "gradients cannot add to. Compute every use of the model in one backward "
+                "through LLMAgent.score / score_tokens, or backward the other use separately."
+            )
+
+    def _drop(self) -> None:
         self.buffer = None
-        self._hook.remove()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+
+_GRADIENTS: weakref.WeakValueDictionary[int, _Gradient] = weakref.WeakValueDictionary()
+"""Each weight's :class:`_Gradient` by ``id``, while a block or a graph (a use's saved
+context) holds it; a record holds its weight, so the ``id`` is not reused meanwhile."""
+
+
+def _gradient_of(weight: Tensor) -> _Gradient:
+    gradient = _GRADIENTS.get(id(weight))
+    if gradient is None:
+        gradient = _GRADIENTS[id(weight)] = _Gradient(weight)
+    return gradient
 
 
 class _GatheredLinear(torch.autograd.Function):
@@ -185,18 +238,22 @@ def gathered_weight_gradients(model: nn.Module) -> Iterator[None]:
         return
     modules = [m for m in model.modules() if not own_forward(m) and _gathers(m)]
     linear = {id(m.weight) for m in modules if type(m) is nn.Linear}
-    gradients: dict[int, _Gradient] = {}
-
-    def gradient_of(weight: Tensor) -> _Gradient:
-        if id(weight) not in gradients:
-            gradients[id(weight)] = _Gradient(weight)
-        return gradients[id(weight)]
-
     forwards: list[tuple[nn.Module, Callable[[Tensor], Tensor]]] = []
     for module in modules:
         if type(module) is nn.Linear:
-            forwards.append((module, _linear_forward(module, gradient_of(module.weight))))
+            forwards.append((module, _linear_forward(module, _gradient_of(module.weight))))
         elif isinstance(module, nn.Embedding) and _tied_lookup(module, linear):
-            forwards.append((module, _lookup_forward(module, gradient_of(module.weight))))
+            forwards.append((module, _lookup_forward(module, _gradient_of(module.weight))))
+    # A weight that a module left to autograd also holds (Gemma's scaled embedding, tied to
+    # its output layer; a module with a forward of its own) would get a gradient that autograd
+    # sums with the buffer out of place: such weights stay on autograd's path everywhere.
+    gathering = {id(module) for module, _ in forwards}
+    elsewhere = {
+        id(p)
+        for m in model.modules()
+        if id(m) not in gathering
+        for p in m.parameters(recurse=False)
+    }
+    forwards = [(m, f) for m, f in forwards if id(m.weight) not in elsewhere]
     with replaced_forwards(forwards):
         yield

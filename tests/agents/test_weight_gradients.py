@@ -155,7 +155,7 @@ def test_modules_are_restored_on_error_and_left_alone_where_the_path_does_not_ap
     assert patched(untied) == {"head"}  # an untied lookup would gain nothing
     capped = _TiedTwice()
     capped.embed.max_norm = 1.0
-    assert patched(capped) == {"head"}
+    assert patched(capped) == set()  # the capped lookup, left to autograd, holds the weight too
     hooked = _TiedTwice()
     own = hooked.head.forward
     vars(hooked.head)["forward"] = own  # a forward of its own (as accelerate's hooks set)
@@ -193,3 +193,133 @@ def test_a_model_that_recomputes_its_layers_is_left_to_autograd(reentrant: bool)
     batch = build_batch([[5, 6, 7], [5, 6, 7]], [[11, 12, 13], [14, 12]], agent.pad_token_id)
     agent.score(batch, prefix_sharing=False).sum().backward()
     assert agent.model.get_input_embeddings().weight.grad is not None
+
+
+class _Scaled(nn.Embedding):
+    """A lookup with a forward of its class's own (Gemma's scaled embedding): left to autograd."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * 3.0
+
+
+def test_a_weight_that_a_module_left_to_autograd_holds_stays_on_autograds_path() -> None:
+    # The head is used twice and the scaled lookup's part reaches the weight between them: had
+    # the head gathered, autograd would have summed the lookup's part with the buffer out of
+    # place and lost the head's later part (what Gemma's tied weight got with prefix sharing).
+    def gradient(block: Any) -> torch.Tensor:
+        model = _TiedTwice()
+        scaled = _Scaled(3, 2, padding_idx=0)
+        scaled.weight = model.embed.weight
+        model.embed = scaled
+        with block(model):
+            assert not any("forward" in vars(m) for m in model.modules())
+            loss = model(torch.tensor([1, 2]), torch.tensor([1]))
+        loss.backward()
+        return model.embed.weight.grad
+
+    torch.testing.assert_close(
+        gradient(gathered_weight_gradients), gradient(lambda m: nullcontext()), rtol=0, atol=0
+    )
+
+
+def test_a_tied_gemma_agent_gets_autograds_gradient_with_prefix_sharing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    from cmlrl_agents.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = GemmaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, pad_token_id=2,
+        eos_token_id=2, bos_token_id=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    agent = LLMAgent(GemmaForCausalLM(config), tokenizer, chat_template=False)
+    assert type(agent.model.get_input_embeddings()) is not nn.Embedding
+    gathered = _gradients(agent, True, lambda model: nullcontext())
+    monkeypatch.setattr(
+        "cmlrl_agents.policies.agent.gathered_weight_gradients", lambda model: nullcontext()
+    )
+    plain = _gradients(agent, True, lambda model: nullcontext())
+    for name in plain:
+        torch.testing.assert_close(gathered[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("prefix_sharing", [True, False])
+def test_two_scoring_calls_in_one_loss_get_autograds_gradients(
+    monkeypatch: pytest.MonkeyPatch, prefix_sharing: bool, tied: bool
+) -> None:
+    # A DPO-style loss: two calls, two blocks, one backward; each weight gathers in one buffer.
+    def gradients(agent: LLMAgent) -> dict[str, torch.Tensor]:
+        prompts = [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]]
+        completions = [[11, 12, 13], [14, 12], [15, 16, 17, 18], [19]]
+        chosen = build_batch(prompts, completions, agent.pad_token_id)
+        rejected = build_batch(prompts[::-1], completions, agent.pad_token_id)
+        agent.model.zero_grad(set_to_none=True)
+        a = agent.score(chosen, prefix_sharing=prefix_sharing).sum(1)
+        b = agent.score(rejected, prefix_sharing=prefix_sharing).sum(1)
+        torch.nn.functional.logsigmoid(a - b).mean().neg().backward()
+        return {n: p.grad for n, p in agent.model.named_parameters()}
+
+    agent = _tied_agent() if tied else tiny_agent(seed=1)
+    gathered = gradients(agent)
+    monkeypatch.setattr(
+        "cmlrl_agents.policies.agent.gathered_weight_gradients", lambda model: nullcontext()
+    )
+    plain = gradients(agent)
+    for name in plain:
+        torch.testing.assert_close(gathered[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_weight_frozen_after_the_forward_gets_no_gradient_as_with_autograd() -> None:
+    model = _TiedTwice()
+    with gathered_weight_gradients(model):
+        loss = model(torch.tensor([1, 2]), torch.tensor([1]))
+    model.embed.weight.requires_grad_(False)
+    loss.backward()
+    assert model.embed.weight.grad is None
+
+
+def test_a_use_outside_the_scoring_call_in_the_same_backward_is_refused() -> None:
+    agent = tiny_agent(seed=1)
+    batch = build_batch([[5, 6, 7], [5, 6, 7]], [[11, 12, 13], [14, 12]], agent.pad_token_id)
+    loss = agent.score(batch, prefix_sharing=True).sum()
+    loss = loss + agent.model(input_ids=batch.input_ids).logits.sum()
+    with pytest.raises(RuntimeError, match="from outside LLMAgent's scoring calls"):
+        loss.backward()
+    assert not any(p._backward_hooks for p in agent.model.parameters())
+    agent.model.zero_grad(set_to_none=True)
+    agent.score(batch, prefix_sharing=True).sum().backward()  # the next backward is unaffected
+    assert all(p.grad is not None for p in agent.model.parameters())
+
+
+def test_a_backward_stopped_by_an_error_leaves_the_next_one_the_whole_gradient() -> None:
+    # The second pass's uses run first in the backward, then a hook on the first pass's output
+    # raises: the weight's buffer and hook are left behind, and must not leak into the next
+    # backward of the same graph.
+    def gradient(block: Any, fail: bool) -> torch.Tensor:
+        model = _TiedTwice()
+        calls = {"n": 0}
+
+        def stop(grad: torch.Tensor) -> torch.Tensor:
+            calls["n"] += 1
+            if fail and calls["n"] == 1:
+                raise ValueError("stop")
+            return grad
+
+        with block(model):
+            first = model.head(model.embed(torch.tensor([1, 2])))
+            first.register_hook(stop)
+            loss = first.sum() + 2 * model.head(model.embed(torch.tensor([1]))).sum()
+        if fail:
+            with pytest.raises(ValueError, match="stop"):
+                loss.backward(retain_graph=True)
+        loss.backward()
+        return model.embed.weight.grad
+
+    torch.testing.assert_close(
+        gradient(gathered_weight_gradients, True), gradient(lambda m: nullcontext(), False)
+    )
