@@ -85,7 +85,8 @@ class MAGRPOConfig(SharedConfig):
     prefix_sharing: bool = True
     """Score the G completions of a prompt over one forward of the prompt (its KV cache serves
     them, gradients included): the same log-probs and gradients to float rounding, fewer
-    FLOPs (benchmarks/prefix_scoring.py; cmlrl_agents/policies/prefix_scoring.py)."""
+    FLOPs (benchmarks/prefix_scoring.py; cmlrl_agents/policies/prefix_scoring.py). Models
+    whose cache holds more than attention keys and values (LFM2, Mamba) score unshared."""
     log_train_levels: bool = False
     """Also give each round's training completions to ``eval_logger`` and log the means of its
     rows' ``turn_k/...`` values as training metrics (e.g. ``turn_1/level/<name>``, each level

@@ -12,6 +12,10 @@ tokens sampled are the same.
 
 For sampling only: the writes go in place, which the scoring passes' autograd through their
 cache must not see; they keep ``DynamicCache``.
+
+Both hold attention keys and values only. Models whose cache also holds other states (LFM2's
+convolutions, Mamba's and Qwen3-Next's recurrent states) keep the caches transformers makes
+for them, and the prompt is not shared (:func:`attention_cache`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,15 @@ import inspect
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from torch import nn
+from transformers.cache_utils import (
+    Cache,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+)
 
-__all__ = ["GrowingCache", "GrowingLayer", "sampling_cache"]
+__all__ = ["GrowingCache", "GrowingLayer", "attention_cache", "sampling_cache"]
 
 MIN_ROOM = 64
 """Positions a layer's first buffer holds at least."""
@@ -102,3 +112,18 @@ def sampling_cache() -> DynamicCache:
     """A :class:`GrowingCache`, or a plain ``DynamicCache`` under a transformers whose cache
     layers take other arguments."""
     return GrowingCache() if _FITS_TRANSFORMERS else DynamicCache()
+
+
+def attention_cache(model: nn.Module) -> bool:
+    """Whether every layer of ``model``'s cache holds attention keys and values only, as
+    transformers lays the cache out from the model's config: what a shared prompt pass can
+    hand on (and :class:`GrowingCache` holds). A model without such a config is taken at its
+    word (its caller checks what the cache holds after the pass)."""
+    text_config = getattr(getattr(model, "config", None), "get_text_config", None)
+    if text_config is None:
+        return True
+    try:
+        layers = DynamicCache(config=text_config(decoder=True)).layers
+    except Exception:  # a config transformers cannot lay a cache out from: share nothing
+        return False
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)

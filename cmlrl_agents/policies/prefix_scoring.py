@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
-from cmlrl_agents.policies.kv_cache import sampling_cache
+from cmlrl_agents.policies.kv_cache import attention_cache, sampling_cache
 from cmlrl_agents.policies.logprobs import (
     Temperature,
     TokenScores,
@@ -187,10 +187,11 @@ def prefix_shared_scores(
     """Per-token scores of ``batch`` like :func:`~cmlrl_agents.policies.logprobs.sequence_scores`
     (same arguments, same result), each distinct prompt (of each adapter, with
     ``adapter_names``) run once (see the module docstring). A batch without a repeated prompt
-    takes the unshared path: there is nothing to share.
+    takes the unshared path: there is nothing to share; so does a model whose cache holds more
+    than attention keys and values (:func:`~cmlrl_agents.policies.kv_cache.attention_cache`).
     """
     groups = prompt_groups(batch, adapter_names)
-    if not groups.shares:
+    if not groups.shares or not attention_cache(model):
         return sequence_scores(
             model,
             batch,
@@ -331,17 +332,23 @@ def shared_prompt_cache(
     once per sample). Each distinct row (under its adapter) runs once, all columns but the last,
     with the position ids ``generate`` gives them; its cache is gathered to one row per sample,
     so ``generate`` runs only the last prompt column and then samples as usual. Returns ``{}``
-    (``generate`` runs the whole prompt) when no row repeats or the model takes no cache.
+    (``generate`` runs the whole prompt) when no row repeats or the model takes no attention
+    cache (:func:`~cmlrl_agents.policies.kv_cache.attention_cache`). Rows repeat when their ids
+    and their masks do: a prompt that starts with the pad id pads like a shorter one.
     Call under ``torch.inference_mode()``.
     """
     names = [None] * len(input_ids) if adapter_names is None else list(adapter_names)
-    index: dict[tuple[str | None, tuple[int, ...]], int] = {}
-    rows = zip(names, input_ids.tolist(), strict=True)
-    owner = [index.setdefault((name, tuple(row)), len(index)) for name, row in rows]
+    index: dict[tuple[str | None, tuple[int, ...], tuple[int, ...]], int] = {}
+    rows = zip(names, input_ids.tolist(), attention_mask.tolist(), strict=True)
+    owner = [
+        index.setdefault((name, tuple(row), tuple(mask)), len(index)) for name, row, mask in rows
+    ]
     base = base_model(model)
     keyword = _cache_keyword(model)
     takes_cache = keyword in inspect.signature(base.forward).parameters
     if len(index) == len(owner) or input_ids.shape[1] < 2 or not takes_cache:
+        return {}
+    if not attention_cache(model):
         return {}
     first = torch.tensor([owner.index(u) for u in range(len(index))], device=input_ids.device)
     # generate's own positions (pads at 1), so the cached columns match an unshared prompt pass.

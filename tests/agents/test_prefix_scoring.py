@@ -277,3 +277,61 @@ def test_mixed_adapter_generation_shares_prompts_per_adapter() -> None:
     got = [c.completion_ids for c in shared.generate_rows(rows, sampling, adapter_names=names)]
     assert got[0] != got[3]  # the adapters answer the same prompt differently
     assert got == _plain_generate(shared, rows, sampling, names)
+
+
+def test_a_prompt_that_pads_like_another_keeps_its_own_prompt_pass() -> None:
+    # [pad, 50, 60, 70] and [50, 60, 70] left-pad to the same ids under different masks (a
+    # prompt may start with the pad id where it is also EOS or BOS): they share nothing.
+    agent = tiny_agent(seed=0, chat_template=False)
+    with torch.no_grad():  # a random tiny model barely looks at its prompt: make it look
+        for p in agent.model.parameters():
+            if p.dim() == 2:
+                p.mul_(8)
+    rows = [[agent.pad_token_id, 50, 60, 70], [50, 60, 70]]
+    ids, mask = left_pad(rows, agent.pad_token_id)
+    assert torch.equal(ids[0], ids[1]) and not torch.equal(mask[0], mask[1])
+    with torch.inference_mode():
+        assert generate_inputs(agent.model, ids, mask).keys() == {"input_ids", "attention_mask"}
+    sampling = SamplingConfig(max_new_tokens=8, do_sample=False)
+    got = [c.completion_ids for c in agent.generate_rows(rows, sampling)]
+    assert got == _plain_generate(agent, rows, sampling)
+    assert got[1] == _plain_generate(agent, rows[1:], sampling)[0]
+
+
+def _hybrid_models():
+    """Tiny models whose cache holds more than attention keys and values."""
+    import transformers
+
+    from cmlrl_agents.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    common = dict(vocab_size=len(tokenizer), pad_token_id=2, eos_token_id=2, bos_token_id=1)
+    lfm2 = transformers.Lfm2Config(
+        **common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"],
+    )  # fmt: skip
+    mamba = transformers.MambaConfig(**common, hidden_size=32, num_hidden_layers=2, state_size=4)
+    torch.manual_seed(0)
+    return tokenizer, {
+        "lfm2": transformers.Lfm2ForCausalLM(lfm2).eval(),
+        "mamba": transformers.MambaForCausalLM(mamba).eval(),
+    }
+
+
+def test_models_with_other_cache_states_share_no_prompt_and_match_the_unshared_paths() -> None:
+    # LFM2's convolution states and Mamba's recurrent states are not attention keys and values:
+    # the shared prompt pass would hand generate a cache without them (it raised IndexError).
+    from cmlrl_agents.policies.kv_cache import attention_cache
+
+    tokenizer, models = _hybrid_models()
+    assert attention_cache(tiny_agent(seed=0).model)
+    for name, model in models.items():
+        assert not attention_cache(model), name
+        agent = LLMAgent(model, tokenizer, chat_template=False)
+        sampling = SamplingConfig(max_new_tokens=4, do_sample=False)
+        got = [c.completion_ids for c in agent.generate_rows(PREFILL_ROWS, sampling)]
+        assert got == _plain_generate(agent, PREFILL_ROWS, sampling), name
+        completions = [[11, 12], [13], [14, 15, 16], [17], [18, 19], [20], [21]]
+        batch = build_batch(PREFILL_ROWS, completions, agent.pad_token_id)
+        shared = agent.score(batch, prefix_sharing=True)
+        assert torch.equal(shared, agent.score(batch, prefix_sharing=False)), name
