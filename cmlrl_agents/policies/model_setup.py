@@ -169,14 +169,16 @@ def disable_dropout(model: nn.Module) -> None:
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode within the block, its own mode restored afterwards (also on
-    error): no dropout while sampling, and peft's mixed-adapter batches require it."""
-    was_training = model.training
+    """The model in eval mode within the block, each module's own mode restored afterwards
+    (also on error; a model may hold modules in both): no dropout while sampling, and peft's
+    mixed-adapter batches require it."""
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         yield
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 @contextmanager

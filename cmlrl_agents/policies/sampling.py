@@ -10,7 +10,10 @@ pick finite, so ``generate``'s greedy step takes it and everything else about ``
 cache, EOS, ``min_new_tokens``, peft's ``adapter_names``) is unchanged.
 
 The distribution is transformers' (temperature, then top-k, then top-p keeping the smallest set
-of most likely tokens whose mass reaches ``top_p``), up to float rounding at the top-p boundary.
+of most likely tokens whose mass reaches ``top_p``), up to float rounding at the top-p boundary,
+and but for ties at the top-k boundary: where the k-th largest logit equals the next, transformers
+keeps every tied token (its top-k keeps each logit at least the k-th) and ``topk`` keeps k of
+them. Exact ties are rare in float32 logits and common in bfloat16 ones (``hf_bf16``).
 The tokens a seed gives differ from transformers' sampler, which draws other random numbers.
 """
 

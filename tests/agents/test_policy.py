@@ -340,3 +340,15 @@ def test_smollm2_generates_a_real_answer() -> None:
     assert len(completion.text.strip()) > 10
     lp = agent.logprobs([completion.prompt_ids], [completion.completion_ids]).detach()
     assert torch.isfinite(lp).all() and (lp != 0).sum() == len(completion.completion_ids)
+
+
+def test_sampling_gives_every_module_back_its_own_mode() -> None:
+    # A model may hold modules in both modes (a frozen part kept in eval mode, say): sampling
+    # runs all in eval mode and then restores each, not the model's flag on every module.
+    agent = tiny_agent(seed=0)
+    agent.model.train()
+    agent.model.model.layers[0].eval()
+    modes = {name: m.training for name, m in agent.model.named_modules()}
+    assert len(set(modes.values())) == 2
+    agent.generate(["hello"], 2, SamplingConfig(max_new_tokens=2))
+    assert {name: m.training for name, m in agent.model.named_modules()} == modes
