@@ -144,11 +144,13 @@ def _gather_logprobs(
             if truncation is not None:
                 truncated.append(truncated_logprobs(part, target, truncation))
     if not pieces:
-        empty = logits.new_zeros(targets.shape, dtype=torch.float32)
+        # No position to score, but still the logits' graph: a loss over no completion token
+        # backpropagates zeros, as autograd's own log_softmax and gather would.
+        empty = logits.float().sum(dim=-1)
         return TokenScores(
             logprobs=empty,
-            entropy=empty.clone() if entropy else None,
-            truncated_logprobs=empty.clone() if truncation is not None else None,
+            entropy=empty.detach().clone() if entropy else None,
+            truncated_logprobs=empty.detach().clone() if truncation is not None else None,
         )
     return TokenScores(
         logprobs=torch.cat(pieces, dim=1),

@@ -68,3 +68,17 @@ def test_logits_of_exactly_the_kept_positions_pass_through_unsliced() -> None:
     kept = _last_positions(logits, 3)
     assert torch.equal(kept, logits[:, -3:])
     assert type(kept.grad_fn).__name__ == "SliceBackward0"
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True])
+def test_a_batch_without_completion_tokens_backpropagates_zeros(prefix_sharing: bool) -> None:
+    from cmlrl_agents.policies.tokens import build_batch
+    from cmlrl_agents.testing import tiny_agent
+
+    agent = tiny_agent(seed=1)
+    batch = build_batch([[5, 6, 7], [8, 9]], [[], []], agent.pad_token_id)
+    scores = agent.score(batch, prefix_sharing=prefix_sharing)
+    assert scores.shape == batch.input_ids.shape and not scores.any()
+    scores.sum().backward()  # as autograd's own path would: zero gradients, no error
+    weights = [p.grad for p in agent.model.parameters()]
+    assert all(g is None or not g.any() for g in weights)
