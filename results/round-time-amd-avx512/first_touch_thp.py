@@ -32,7 +32,8 @@ for i in range(6):
         block.zero_()
     seconds = time.process_time() - cpu, time.perf_counter() - wall
     f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    print(f"{mode} {i}: cpu {seconds[0]:.3f} s, wall {seconds[1]:.3f} s, faults {f1 - f0}", flush=True)
+    took = f"cpu {seconds[0]:.3f} s, wall {seconds[1]:.3f} s, faults {f1 - f0}"
+    print(f"{mode} {i}: {took}", flush=True)
     kept.append(block)
     if i % 2:
         kept.pop(0)
