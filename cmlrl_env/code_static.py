@@ -31,7 +31,8 @@ __all__ = [
 
 HELPER_NAME = "aux"
 Function = ast.FunctionDef | ast.AsyncFunctionDef
-_FENCE = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+# Any info string (```python3, ```PY, ```py title="x"), and a line end of \r\n too.
+_FENCE = re.compile(r"```[^`\n]*\r?\n(.*?)(?:```|\Z)", re.S)
 
 
 def extract_code(completion: str) -> str:
@@ -59,7 +60,9 @@ def split_single_program(code: str) -> tuple[str, str]:
     aux = top_functions(tree).get(HELPER_NAME)
     if tree is None or aux is None:
         return "", code
-    lines = code.splitlines()
+    # The syntax tree's line numbers count \n, \r\n and \r only (str.splitlines also breaks
+    # at \x0c, \x1c-\x1e, \x85, \u2028 and \u2029, which a comment or string may hold).
+    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     start = (aux.decorator_list[0].lineno if aux.decorator_list else aux.lineno) - 1
     end = aux.end_lineno or aux.lineno
     return "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])

@@ -85,6 +85,7 @@ WRITING_EVAL_SIZE = 3
 NEWS_FILES = ("lee_background.cor", "lee.cor")
 """The Lee corpus files in gensim's test data: 300 articles (train) and 50 others (eval)."""
 NEWS_SENTENCES = 2
+_BLANK_LINE = re.compile(r"\r?\n[ \t]*\r?\n")
 # A sentence ends at . ! or ? (and a closing quote) before a space and a capital, digit or
 # quote; not after a title such as "Mr." or "Dr.".
 _SENTENCE_END = re.compile(
@@ -174,9 +175,10 @@ def single_writing_formatter(item: Mapping[str, Any]) -> str:
 
 def split_single_text(text: str) -> tuple[str, str]:
     """(summary, expansion) of one agent's text: its first paragraph (up to the first blank
-    line) and the rest; the expansion is ``""`` when there is one paragraph only."""
-    first, _, rest = text.strip().partition("\n\n")
-    return first.strip(), rest.strip()
+    line, which may hold spaces or end in ``\r\n``) and the rest; the expansion is ``""`` when
+    there is one paragraph only."""
+    first, *rest = _BLANK_LINE.split(text.strip(), maxsplit=1)
+    return first.strip(), rest[0].strip() if rest else ""
 
 
 def writing_single_reward(completions: Sequence[str]) -> list[float]:

@@ -79,6 +79,11 @@ def test_one_agent_writing_both_texts_is_split_at_its_first_blank_line() -> None
         f"{expansion}\n\nmore",
     )
     assert writing_tasks.split_single_text(summary) == (summary, "")
+    for blank in ("\n \n", "\r\n\r\n", "\n\t\n"):  # a blank line holding spaces, or CRLF
+        assert writing_tasks.split_single_text(f"{summary}{blank}{expansion}") == (
+            summary,
+            expansion,
+        ), repr(blank)
     assert writing_tasks.writing_single_reward([f"{summary}\n\n{expansion}", summary]) == [
         pytest.approx(2.82),
         0.0,
