@@ -270,13 +270,19 @@ def _fenced(code: str) -> str:
 
 
 def code_feedback(
-    prompt: str, agent_completions: Sequence[str], num_agents: int, **history: Any
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    item: Mapping[str, Any] | None = None,
+    **history: Any,
 ) -> list[str]:
     """The next prompts from the last code and its test results (syntax errors, failing
     asserts, timeouts): for two agents (helper, main) each sees both codes and the results;
-    for one agent, its program. The problem is found by its HumanEval prompt; for other
-    prompts only the static checks are reported."""
-    problem = problem_of({"prompt": prompt})
+    for one agent, its program. The problem is the task ``item``'s (its own ``test`` and
+    ``entry_point`` fields, or its HumanEval ``task_id``), else the one whose HumanEval prompt
+    ``prompt`` is; for a prompt of no known problem the next prompts say that no tests are
+    known, and ask for a function named ``main``."""
+    problem = problem_of(item if item is not None else {"prompt": prompt})
     if num_agents == 2:
         helper, main = agent_completions
     elif num_agents == 1:

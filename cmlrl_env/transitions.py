@@ -8,9 +8,10 @@ from typing import Any
 
 from cmlrl_env._errors import add_context, describe_callable
 
-__all__ = ["Transition", "HISTORY_KEYWORDS"]
+__all__ = ["Transition", "HISTORY_KEYWORDS", "ITEM_KEYWORD"]
 
 HISTORY_KEYWORDS = ("prompt_history_per_agent", "response_history_per_agent")
+ITEM_KEYWORD = "item"
 _REQUIRED = ("prompt", "agent_completions", "num_agents")
 
 
@@ -21,7 +22,10 @@ class Transition:
     ``agent_completions`` (this turn's completion of each agent), ``num_agents``, and the history
     along the branch, ``prompt_history_per_agent[agent][turn]`` and
     ``response_history_per_agent[agent][turn]`` (both include the turn just played), when the
-    function accepts them (by name or ``**kwargs``). It returns one prompt per agent.
+    function accepts them (by name or ``**kwargs``), and ``item``, the whole task item, when the
+    function names it (not through ``**kwargs``, which comlrl's transitions take for the history
+    alone): a task whose items carry more than a prompt (a code problem's tests) finds it there.
+    It returns one prompt per agent.
 
     Each returned prompt then goes through that agent's formatter, as a task item's prompt does
     at turn 1: it replaces ``item["prompt"]`` in a copy of the item (``Formatters.format``). A
@@ -45,6 +49,10 @@ class Transition:
                 "def transition(prompt, agent_completions, num_agents, **history)."
             )
         self.history_keywords = tuple(k for k in HISTORY_KEYWORDS if var_kw or k in params)
+        self.takes_item = ITEM_KEYWORD in params and params[ITEM_KEYWORD].kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        )
 
     def __call__(
         self,
@@ -65,7 +73,9 @@ class Transition:
             "prompt_history_per_agent": [list(h) for h in prompt_history],
             "response_history_per_agent": [list(h) for h in response_history],
         }
-        kwargs = {k: history[k] for k in self.history_keywords}
+        kwargs: dict[str, Any] = {k: history[k] for k in self.history_keywords}
+        if self.takes_item:
+            kwargs[ITEM_KEYWORD] = item
         try:
             prompts = self.func(
                 prompt=item["prompt"],

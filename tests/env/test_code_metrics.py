@@ -104,3 +104,36 @@ def test_feedback_for_one_agent_and_for_prompts_without_tests() -> None:
     assert "No tests are known for this problem" in prompt
     with pytest.raises(ValueError, match="serves 1 or 2 agents"):
         code_feedback(PROMPT0, ["a", "b", "c"], 3)
+
+
+def test_a_custom_items_tests_reach_the_turn_two_prompts_through_the_env() -> None:
+    # The env hands the transition the whole item, whose own entry point and tests the reward
+    # used at turn 1: turn 2 reports them and asks for the same function.
+    from datasets import Dataset
+
+    from cmlrl_env import CoMLRLEnv
+    from cmlrl_env.code_tasks import helper_formatter, humaneval_reward, main_formatter
+
+    item = {
+        "task_id": "custom/add",
+        "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+        "entry_point": "add",
+        "test": (
+            "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+            "    assert candidate(2, 2) == 4\n"
+        ),
+    }
+    env = CoMLRLEnv(
+        Dataset.from_list([item]),
+        [helper_formatter, main_formatter],
+        humaneval_reward,
+        num_turns=2,
+        external_transition=code_feedback,
+        early_termination_threshold=None,
+    )
+    env.reset(seed=0)
+    helper = "def aux(a, b):\n    return a - b\n"
+    main = "def add(a, b):\n    return aux(a, b) + 0\n"
+    observations, *_ = env.step({"agent_0": helper, "agent_1": main})
+    assert "tests passed: 0 of 2" in observations["agent_1"]
+    assert "Write an improved `add`" in observations["agent_1"]

@@ -303,3 +303,27 @@ def test_info_keys_and_types_are_the_same_at_reset_and_every_step(options: Any) 
         {"turn": 2, "item_index": index, "raw_reward": 0.5},
         {"turn": 3, "item_index": index, "raw_reward": 0.5},
     ]
+
+
+def test_a_transition_that_names_item_gets_the_whole_task_item() -> None:
+    # Only by name: comlrl's transitions take **kwargs for the history alone (the test above
+    # checks they get nothing more).
+    items = []
+
+    def transition(
+        prompt: str, agent_completions: list[str], num_agents: int, item: dict[str, Any]
+    ) -> list[str]:
+        items.append(dict(item))
+        return ["next a", "next b"]
+
+    env = CoMLRLEnv(
+        prompts_dataset(),
+        None,
+        zero_reward,
+        num_turns=2,
+        external_transition=transition,
+        early_termination_threshold=None,
+    )
+    env.reset()
+    env.step({"agent_0": "x", "agent_1": "y"})
+    assert items == [dict(prompts_dataset()[0])]
