@@ -150,12 +150,13 @@ class TaskSource:
                 f"options={{'index': {index}}} needs a map-style Dataset, but {self.name} is an "
                 "IterableDataset; pass options={'item': {...}} instead."
             )
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self):
+        integral = isinstance(index, numbers.Integral) and not isinstance(index, bool)
+        if not integral or not 0 <= index < len(self):
             raise IndexError(
                 f"index {index!r} is outside {self.name} (0..{len(self) - 1}); pass an int in "
                 "range."
             )
-        return dict(self.dataset[index])
+        return dict(self.dataset[int(index)])
 
     def next(self) -> tuple[dict[str, Any], int]:
         """The next item of the order and its index within the dataset (or its stream pass)."""

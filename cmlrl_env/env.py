@@ -347,7 +347,8 @@ class CoMLRLEnv(ParallelEnv[str, Obs, str]):
     def _render_text(self) -> str:
         if self._state is None:
             return "(not reset)"
-        header = f"item {self._state.item_index} · turn {self._state.turns_played}/{self.num_turns}"
+        index = -1 if self._state.item_index is None else self._state.item_index  # as infos
+        header = f"item {index} · turn {self._state.turns_played}/{self.num_turns}"
         if self._last is not None:
             joint, outcome = self._last
             header += f" · reward {outcome.reward:.4g}"

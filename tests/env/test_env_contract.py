@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from datasets import Dataset
 
@@ -91,6 +92,7 @@ def test_options_index_pins_an_item_without_moving_the_order() -> None:
     obs, infos = env.reset(options={"index": 2})
     assert obs["agent_0"] == "p2" and infos["agent_1"]["item_index"] == 2
     assert env.reset()[0]["agent_0"] == "p0"
+    assert env.reset(options={"index": np.int64(1)})[0]["agent_0"] == "p1"  # as seeds may be
 
 
 def test_options_item_plays_a_given_item() -> None:

@@ -138,6 +138,12 @@ def test_render_ansi_returns_the_transcript_and_reward() -> None:
     assert "[agent_1 turn 1 response]\nhello" in text
 
 
+def test_render_names_a_given_item_as_infos_do() -> None:
+    env = make_env(render_mode="ansi")
+    env.reset(options={"item": {"prompt": "Say bye."}})
+    assert env.render().startswith("item -1 · turn 0/1\n")
+
+
 def test_render_human_prints_on_every_step(capsys: pytest.CaptureFixture[str]) -> None:
     env = make_env(render_mode="human")
     env.reset()
