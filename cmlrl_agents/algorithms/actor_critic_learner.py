@@ -35,7 +35,7 @@ from cmlrl_agents.foundation.rollout import RolloutTree
 from cmlrl_agents.learning.batch import PolicyRow, Windows, check_windows
 from cmlrl_agents.learning.credit import chain_credit, joint_returns, round_metrics
 from cmlrl_agents.learning.engine import StepEngine
-from cmlrl_agents.learning.optim import AdamWOptions, make_adamw
+from cmlrl_agents.learning.optim import AdamWOptions, make_adamw, refuse_shared_parameters
 from cmlrl_agents.learning.policy_loss import PolicyObjective
 from cmlrl_agents.learning.policy_round import PolicyLearner
 from cmlrl_agents.policies.adapters import checkpoint_models
@@ -103,6 +103,7 @@ class ActorCriticLearner(PolicyLearner[ActorCriticConfig]):
             for i, c in enumerate(self.critics)
             if not c.shared
         ]
+        refuse_shared_parameters(self.named_optimizers())
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         """Per optimizer (``agent_i``, ``critic_c``), when the config asks for a schedule."""
 

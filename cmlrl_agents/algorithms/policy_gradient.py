@@ -31,7 +31,7 @@ from cmlrl_agents.learning.credit import (
     round_stds,
 )
 from cmlrl_agents.learning.engine import StepEngine
-from cmlrl_agents.learning.optim import agent_optimizers
+from cmlrl_agents.learning.optim import agent_optimizers, refuse_shared_parameters
 from cmlrl_agents.learning.policy_loss import PolicyObjective
 from cmlrl_agents.learning.policy_round import PolicyLearner
 from cmlrl_agents.policies.adapters import checkpoint_models
@@ -59,6 +59,7 @@ class PolicyGradientLearner(PolicyLearner[MAGRPOConfig]):
         self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.engine = StepEngine(self.parallel, bf16=args.bf16)
         self.optimizers = agent_optimizers(self.agents, args)
+        refuse_shared_parameters(self.named_optimizers())
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] | None = (
             reference_policies(self.agents, devices) if args.reference_kl_enabled else None

@@ -32,7 +32,7 @@ from cmlrl_agents.foundation.distributed import data_parallel
 from cmlrl_agents.functional.preference_losses import dpo_loss, joint_log_ratio
 from cmlrl_agents.learning.engine import ChunkLoss, StepEngine, StepPlan, mean_metrics
 from cmlrl_agents.learning.learner import OptimizedLearner
-from cmlrl_agents.learning.optim import agent_optimizers
+from cmlrl_agents.learning.optim import agent_optimizers, refuse_shared_parameters
 from cmlrl_agents.policies.adapters import checkpoint_models, joint_pass, step_groups
 from cmlrl_agents.policies.agent import LLMAgent
 from cmlrl_agents.policies.devices import resolve_devices
@@ -101,6 +101,7 @@ class DPOLearner(OptimizedLearner[MADPOConfig]):
         self.parallel.broadcast_parameters(a.model for a in self.agents)
         self.engine = StepEngine(self.parallel, bf16=args.bf16)
         self.optimizers = agent_optimizers(self.agents, args)
+        refuse_shared_parameters(self.named_optimizers())
         devices = resolve_devices(args.reference_devices, len(self.agents), "reference_devices")
         self.reference_models: list[Reference] = reference_policies(self.agents, devices)
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}

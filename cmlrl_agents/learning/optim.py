@@ -3,7 +3,7 @@ is the engine's: learning/engine.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +12,7 @@ import torch
 if TYPE_CHECKING:
     from cmlrl_agents.foundation.config import SharedConfig
 
-__all__ = ["AdamWOptions", "agent_optimizers", "make_adamw"]
+__all__ = ["AdamWOptions", "agent_optimizers", "make_adamw", "refuse_shared_parameters"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,24 @@ def agent_optimizers(agents: Sequence[Any], args: SharedConfig) -> list[torch.op
         make_adamw(agent.trainable_parameters(), args.agent_learning_rate, f"agents[{i}]", options)
         for i, agent in enumerate(agents)
     ]
+
+
+def refuse_shared_parameters(optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
+    """Refuse two optimizers that hold one parameter: each would step it with moments of its
+    own, so its weights would move twice a round (two agents given one model object, or a
+    critic that is an agent's model)."""
+    owner: dict[int, str] = {}
+    for name, optimizer in optimizers.items():
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                first = owner.setdefault(id(parameter), name)
+                if first != name:
+                    raise ValueError(
+                        f"the optimizers {first} and {name} both train a parameter of shape "
+                        f"{list(parameter.shape)}: their models share it, so every round would "
+                        "step it twice. Give each agent (and each separate critic) a model of "
+                        "its own: agent_model='<name>' loads one copy per agent, copy.deepcopy "
+                        "copies a model object, peft_config trains one adapter per agent over "
+                        "one shared base, and use_separate_critic=False puts the value head on "
+                        "the actor."
+                    )

@@ -14,6 +14,8 @@ from datasets import Dataset
 from cmlrl_agents.algorithms.actor_critic import IACTrainer, MAACTrainer, RolloutSample
 from cmlrl_agents.algorithms.actor_critic_config import IACConfig, MAACConfig
 from cmlrl_agents.algorithms.actor_critic_rollouts import agent_rollouts
+from cmlrl_agents.algorithms.magrpo import MAGRPOTrainer
+from cmlrl_agents.algorithms.magrpo_config import MAGRPOConfig
 from cmlrl_agents.foundation.rollout import collect_tree
 from cmlrl_agents.learning.credit import chain_credit
 from cmlrl_agents.policies.agent import SamplingConfig
@@ -555,3 +557,26 @@ def test_example_runs_on_tiny_models(tmp_path) -> None:
         assert f"{algo} eval/turn_1/reward_mean: before" in proc.stdout
         assert f"{algo} trained 1 epoch(s) on 2 items in" in proc.stdout
     assert (tmp_path / "maac" / "metrics.jsonl").is_file()
+
+
+def test_models_that_two_optimizers_would_step_are_refused(tmp_path) -> None:
+    # One model object for two agents, one critic for two critics, or an agent's model as its
+    # "separate" critic: two AdamW steps a round on one weight, each with its own moments.
+    tokenizer, model = tiny_tokenizer(), tiny_model(VOCAB, seed=0)
+    shared = "the optimizers agent_0 and agent_1 both train a parameter"
+    with pytest.raises(ValueError, match=shared):
+        MAGRPOTrainer(
+            agents=[model, model], tokenizer=tokenizer, args=config(MAGRPOConfig, tmp_path),
+            **length_task(),
+        )  # fmt: skip
+    agents = [tiny_model(VOCAB, seed=i) for i in range(2)]
+    critic = tiny_model(VOCAB, seed=10)
+    for critics, message in (
+        ([critic, critic], "critic_0 and critic_1 both train"),
+        (agents, "agent_0 and critic_0 both train"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            IACTrainer(
+                agents=agents, tokenizer=tokenizer, critics=critics,
+                args=config(IACConfig, tmp_path), **length_task(),
+            )  # fmt: skip
