@@ -239,6 +239,12 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
         refused or damaged checkpoint leaves the trainer as it was.
         """
         path = self.checkpointer.resolve(path)
+        if not self.logger.fresh:  # before anything changes: the run's log restarts from its own
+            raise RuntimeError(
+                f"this trainer has already logged (an evaluate() or train() call), so it cannot "
+                f"resume {path}: the run's metrics would mix with its own. Resume with a new "
+                "trainer built with the same arguments."
+            )
         self._prepare_schedule()  # the schedulers exist before their state is loaded
         state = self.checkpointer.load(path, self.learner, lambda s: self._check_state(s, path))
         self.run_id = state["run"]["run_id"]
@@ -270,14 +276,18 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
     def load_weights(self, path: str | Path) -> Path:
         """Load the trained weights alone of a checkpoint folder (any: a full one, a
         ``save_only_model`` one, or the best model's), checked like a resume's, to evaluate or
-        export them, with the run's sampling seed and env_step (evaluation then draws as the
-        run's did, and logs at the step the weights were trained to); the optimizers and the
-        epoch position stay as they are."""
+        export them, with the run's sampling seed (evaluation then draws as the run's did); the
+        optimizers and the epoch position stay as they are. A trainer that has logged nothing
+        yet (``cmlrl eval``) takes the checkpoint's env_step too, so its evaluation logs at the
+        step the weights were trained to; one that has logged keeps its own, so its log stays
+        in order (after ``load_best_model_at_end`` a final evaluation logs at the run's end)."""
         path = self.checkpointer.resolve(path)
         state = self.checkpointer.load(
             path, self.learner, lambda s: self._check_state(s, path), weights_only=True
         )
-        self.sample_seed, self.env_step = state["sample_seed"], state["env_step"]
+        self.sample_seed = state["sample_seed"]
+        if self.logger.fresh:
+            self.env_step = state["env_step"]
         self.generation_backend.sync(self.agents)
         return path
 

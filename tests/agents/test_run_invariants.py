@@ -183,6 +183,23 @@ def test_the_best_model_is_kept_and_loaded_at_the_end(tmp_path) -> None:
     assert trainer.best_metric == best_value
     assert_identical(weights(trainer), best_weights)
     assert (tmp_path / "run" / "best").is_dir()
+    # The run's counters stay at its end (the best checkpoint's env_step is earlier unless the
+    # last evaluation was best): an evaluation after it logs in order, as `cmlrl train`'s does.
+    end = trainer.env_step
+    assert end == trainer.logger.history[-1][0]
+    trainer.evaluate()
+    assert trainer.env_step == end and trainer.logger.history[-1][0] == end
+
+
+def test_a_trainer_that_has_logged_refuses_to_resume_before_anything_changes(tmp_path) -> None:
+    make_trainer(tmp_path, eval_interval=0, save_steps=4).train()
+    again = make_trainer(tmp_path, eval_interval=2, save_steps=4)
+    before, run_id = weights(again), again.run_id
+    again.evaluate()
+    with pytest.raises(RuntimeError, match="has already logged"):
+        again.train(resume_from_checkpoint="latest")
+    assert_identical(weights(again), before)
+    assert again.run_id == run_id and again.items_seen == 0 and again.env_step == 0
 
 
 def test_save_best_by_is_checked_when_the_config_is_built() -> None:
