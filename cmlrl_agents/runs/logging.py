@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import operator
+import secrets
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -119,7 +120,11 @@ class MetricsLogger:
         self._files_ready = False
         self._purge_step: int | None = None
         self._run: Any = None
-        self._wandb_run_id: str | None = None
+        # Chosen now, not by wandb.init at the first emission: a checkpoint written before that
+        # (eval_interval=0, logging_steps above the rounds so far) still names the run to resume.
+        self._wandb_run_id: str | None = (
+            None if self._wandb_cfg is None else self._wandb_cfg.get("id") or secrets.token_hex(4)
+        )
         self._closed = False
         self._config_written = False
         if self.output_dir is not None:
@@ -216,9 +221,14 @@ class MetricsLogger:
             "wandb_run_id": self._wandb_run_id,
         }
 
+    @property
+    def fresh(self) -> bool:
+        """Whether nothing has been logged through this logger (and it is open)."""
+        return not (self.history or self._pending or self._closed)
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict()`; call before logging anything. Rewrites the metric files."""
-        if self.history or self._pending or self._closed:
+        if not self.fresh:
             raise RuntimeError(
                 "MetricsLogger.load_state_dict must be called on a fresh logger, before any "
                 "log_train/log_eval call."
@@ -234,7 +244,7 @@ class MetricsLogger:
             (int(s), _check_metrics(m, "load_state_dict")) for s, m in state["pending"]
         ]
         self.history = [(int(s), _check_metrics(m, "load_state_dict")) for s, m in state["history"]]
-        self._wandb_run_id = state.get("wandb_run_id")
+        self._wandb_run_id = state.get("wandb_run_id") or self._wandb_run_id
         self._purge_step = self.history[-1][0] + 1 if self.history else None
         if self.output_dir is not None:
             rewrite_metric_files(self.output_dir, self.history)

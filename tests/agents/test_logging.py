@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -429,3 +430,18 @@ def test_a_resumed_logger_continues_the_same_wandb_run(tmp_path, monkeypatch):
     # One folder per segment (wandb adds "-1" when both start within the same second).
     assert saved["wandb_run_id"] and len(runs) == 2
     assert all(f"-{saved['wandb_run_id']}" in run.name for run in runs)
+
+
+def test_the_wandb_run_id_is_chosen_before_the_first_entry_so_a_resume_reopens_it():
+    # A checkpoint written before W&B opened its run (nothing emitted yet) must still name it.
+    config = {"project": "p", "mode": "offline"}
+    first = MetricsLogger(None, logging_steps=50, wandb_config=config)
+    state = first.state_dict()
+    assert re.fullmatch(r"[0-9a-f]{8}", state["wandb_run_id"])
+    resumed = MetricsLogger(None, logging_steps=50, wandb_config=config)
+    assert resumed.state_dict()["wandb_run_id"] != state["wandb_run_id"]  # a new run's own
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["wandb_run_id"] == state["wandb_run_id"]
+    named = MetricsLogger(None, logging_steps=1, wandb_config={**config, "id": "run-7"})
+    assert named.state_dict()["wandb_run_id"] == "run-7"
+    assert MetricsLogger(None, logging_steps=1).state_dict()["wandb_run_id"] is None
