@@ -104,7 +104,6 @@ class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.learner = PolicyGradientLearner(self.agents, args, self.num_turns)
-        self.rounds = 0  # rounds trained by this object; tree_plot_interval counts them
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluate on the first ``num_eval_samples`` eval items (default
@@ -147,10 +146,10 @@ class MAGRPOTrainer(RoundTrainer[MAGRPOConfig, PolicyGradientLearner]):
 
     def _before_update(self, tree: RolloutTree) -> None:
         args = self.args
+        # self.rounds: the run's rounds before this one (a resumed run's included).
         plot = args.tree_plot_interval and self.rounds % args.tree_plot_interval == 0
         if plot:  # every rank: the view may sum the round's return moments over ranks
             self.save_tree(tree)
-        self.rounds += 1
 
     def _after_update(
         self, tree: RolloutTree, batch: Any, metrics: dict[str, float]

@@ -120,6 +120,7 @@ class TeamTrainer(TrainerBase[ConfigT, LearnerT]):
     def _advance(self, items: int, env_steps: int, metrics: dict[str, float]) -> None:
         """Count a trained round, log it, and checkpoint when due."""
         self.env_step += env_steps
+        self.rounds += 1
         self.items_seen += items
         self.epoch_position += items
         self.logger.logging_steps = self.args.logging_steps  # may change mid-run

@@ -305,6 +305,22 @@ def test_trainer_saves_every_nth_tree_with_the_numbers_of_its_update(tmp_path):
     assert TreeView.load(trees / "env_step-000006.json").item_index == 3
 
 
+def test_a_resumed_run_draws_the_trees_of_the_same_rounds(tmp_path):
+    import shutil
+
+    trainer = scripted_trainer(tmp_path, items=4, tree_plot_interval=3, save_steps=2)
+    trainer.train()
+    trees = trainer.run_dir / "trees"
+    shutil.rmtree(trees)
+    again = scripted_trainer(tmp_path, items=4, tree_plot_interval=3, save_steps=2)
+    again.train(resume_from_checkpoint=str(trainer.run_dir / "checkpoints" / "checkpoint-2"))
+    # Rounds 3 and 4 of the run: round 4 (env_step 6) is every third's, round 3 is not.
+    assert sorted(p.name for p in trees.iterdir()) == [
+        f"env_step-000006.{ext}" for ext in ("html", "json", "png")
+    ]
+    assert again.rounds == 4
+
+
 def test_the_logged_loss_is_the_one_worked_out_from_the_tree(tmp_path):
     trainer = scripted_trainer(tmp_path, items=1)
     low = math.exp(-(23 / 3 - 3))
