@@ -245,7 +245,7 @@ class MetricsLogger:
         ]
         self.history = [(int(s), _check_metrics(m, "load_state_dict")) for s, m in state["history"]]
         self._wandb_run_id = state.get("wandb_run_id") or self._wandb_run_id
-        self._purge_step = self.history[-1][0] + 1 if self.history else None
+        self._purge_step = self.history[-1][0] if self.history else None
         if self.output_dir is not None:
             rewrite_metric_files(self.output_dir, self.history)
             self._files_ready = True
@@ -296,7 +296,8 @@ class MetricsLogger:
             else:
                 if not self._files_ready:
                     self._start_files()
-                self._files = open_metric_files(self.output_dir, self._purge_step)
+                purged = [(s, m) for s, m in self.history if s == self._purge_step]
+                self._files = open_metric_files(self.output_dir, self._purge_step, purged)
         return self._files
 
     # ---- local files ------------------------------------------------------------------------

@@ -13,7 +13,10 @@ Three things SB3's formats do not do, and why the subclasses below exist:
 - SB3 adds new CSV columns in ``set`` order, which changes from process to process (string hash
   randomisation): here they keep the order in which the keys first appeared.
 - TensorBoard must hide the events a crashed segment wrote after the restored history
-  (``purge_step``), which SB3's writer does not take.
+  (``purge_step``), which SB3's writer does not take. The purge starts at the history's last
+  step, whose rows are then written again: a checkpoint is taken after its round's entries, and
+  the next round's evaluation logs at that same step, so purging after it would keep a crashed
+  segment's evaluation beside the resumed one's.
 
 Rewriting the files from the restored history (``rewrite_metric_files``) is ours: SB3 has no
 such function.
@@ -90,17 +93,28 @@ class _AppendingCSV(sb3_logger.CSVOutputFormat):
 
 
 class _PurgingTensorBoard(sb3_logger.TensorBoardOutputFormat):
-    def __init__(self, folder: Path, purge_step: int | None) -> None:
+    def __init__(
+        self, folder: Path, purge_step: int | None, rows: list[tuple[int, dict[str, float]]]
+    ) -> None:
         self.writer = sb3_logger.SummaryWriter(log_dir=str(folder), purge_step=purge_step)
         self._is_closed = False
+        for step, values in rows:  # the purged step's rows, as the run logged them
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
 
 
-def open_metric_files(output_dir: Path, purge_step: int | None) -> sb3_logger.Logger:
-    """An SB3 ``Logger`` appending to the run's metric files (TensorBoard when installed)."""
+def open_metric_files(
+    output_dir: Path,
+    purge_step: int | None,
+    rows: list[tuple[int, dict[str, float]]] | None = None,
+) -> sb3_logger.Logger:
+    """An SB3 ``Logger`` appending to the run's metric files (TensorBoard when installed);
+    TensorBoard hides the events from ``purge_step`` on and gets ``rows`` again (a resume)."""
     formats: list[sb3_logger.KVWriter] = [
         _AppendingJSON(output_dir / "metrics.jsonl"),
         _AppendingCSV(output_dir / "metrics.csv"),
     ]
     if sb3_logger.SummaryWriter is not None:  # tensorboard is an optional extra
-        formats.append(_PurgingTensorBoard(output_dir / "tensorboard", purge_step))
+        folder = output_dir / "tensorboard"
+        formats.append(_PurgingTensorBoard(folder, purge_step, rows or []))
     return sb3_logger.Logger(str(output_dir), formats)

@@ -214,6 +214,29 @@ def test_tensorboard_after_resume_shows_each_step_once(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("r")] == [(s, float(s)) for s in range(1, 6)]
 
 
+def test_tensorboard_after_resume_shows_an_entry_at_the_checkpoints_step_once(tmp_path):
+    # A checkpoint is taken after its round's entry at step 3, and the next round's evaluation
+    # logs at step 3 too: a crash after it must not leave that evaluation beside the redone one.
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricsLogger(tmp_path, logging_steps=1)
+    for step in (1, 2, 3):
+        first.log_train({"r": float(step)}, step=step)
+    saved = first.state_dict()
+    first.log_eval({"eval/r": -3.0}, step=3)  # after the checkpoint, at its step; redone below
+    first.close()
+    resumed = MetricsLogger(tmp_path, logging_steps=1)
+    resumed.load_state_dict(saved)
+    resumed.log_eval({"eval/r": 3.0}, step=3)
+    resumed.log_train({"r": 4.0}, step=4)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("r")] == [(s, float(s)) for s in range(1, 5)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/r")] == [(3, 3.0)]
+
+
 # ---- input checks ---------------------------------------------------------------------------
 
 
