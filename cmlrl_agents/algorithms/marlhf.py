@@ -248,7 +248,8 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner[Any]]):
                 record = self.round_record(k)
                 if self.parallel.is_main:
                     partial = record.with_suffix(".json.tmp")  # renamed: never half written
-                    partial.write_text(json.dumps({"env_step": self.env_step}) + "\n")
+                    own = {"env_step": self.env_step, "logger": self.logger.state_dict()}
+                    partial.write_text(json.dumps(own) + "\n")
                     partial.replace(record)
                 self.parallel.barrier()
             if not (resumed and self._saved_reward_round() == k):
@@ -291,6 +292,7 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner[Any]]):
                 torch.save(self.reward_model.model.state_dict(), tmp / "model.pt")
                 (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
                 (tmp / "round.json").write_text(json.dumps({"round": round_index}) + "\n")
+                (tmp / "logger.json").write_text(json.dumps(self.logger.state_dict()) + "\n")
         self.parallel.barrier()
         self.reward_metrics = metrics
         return metrics
@@ -321,7 +323,24 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner[Any]]):
                 rl.load_checkpoint(path)
                 self.env_step = rl.env_step
         self._load_reward_model(start, inside)
+        own = self._logger_state(start)
+        if own is not None:
+            self.logger.load_state_dict(own)
         return start, path if inside else None
+
+    def _logger_state(self, start: int) -> dict[str, Any] | None:
+        """This trainer's own metrics (``preference/*``, ``reward_model/*``) as they stood after
+        the last phase a resume at round ``start`` does not redo: the reward model's fit of
+        ``start``, else its pairs, else the fit before it (``_load_reward_model`` has checked
+        that the saved model is one of those). None for a run saved before they were kept."""
+        saved = self._saved_reward_round()
+        if saved != start and self.round_record(start).is_file():
+            state: dict[str, Any] | None = json.loads(self.round_record(start).read_text()).get(
+                "logger"
+            )
+            return state
+        path = self.reward_model_dir / "logger.json"
+        return json.loads(path.read_text()) if saved is not None and path.is_file() else None
 
     def _load_reward_model(self, start: int, inside: bool) -> None:
         """The saved reward model, when it is the one round ``start`` needs: its own (inside its

@@ -119,6 +119,11 @@ def test_resume_inside_a_later_round_and_across_rounds_equals_the_uninterrupted_
         tmp_path / "full" / folder, AGENTS
     )
     assert continued.reward_metrics == full.reward_metrics
+    # MARLHF's own metrics (pairs, reward model) continue in one file, as in the full run.
+    assert inside.logger.history == continued.logger.history == full.logger.history
+    for run in ("full", "stopped"):
+        assert not list((tmp_path / run).glob("metrics.1.*"))
+        assert rows(tmp_path / run / "metrics.jsonl") == rows(tmp_path / "full" / "metrics.jsonl")
 
 
 def test_resuming_a_later_round_without_rl_checkpoints_is_refused(tmp_path):
