@@ -117,8 +117,8 @@ def sampling_cache() -> DynamicCache:
 def attention_cache(model: nn.Module) -> bool:
     """Whether every layer of ``model``'s cache holds attention keys and values only, as
     transformers lays the cache out from the model's config: what a shared prompt pass can
-    hand on (and :class:`GrowingCache` holds). A model without such a config is taken at its
-    word (its caller checks what the cache holds after the pass)."""
+    hand on (and :class:`GrowingCache` holds). A model without a transformers config is
+    assumed to hold attention alone."""
     text_config = getattr(getattr(model, "config", None), "get_text_config", None)
     if text_config is None:
         return True

@@ -346,9 +346,8 @@ def shared_prompt_cache(
     base = base_model(model)
     keyword = _cache_keyword(model)
     takes_cache = keyword in inspect.signature(base.forward).parameters
-    if len(index) == len(owner) or input_ids.shape[1] < 2 or not takes_cache:
-        return {}
-    if not attention_cache(model):
+    shares = len(index) < len(owner) and input_ids.shape[1] >= 2
+    if not shares or not takes_cache or not attention_cache(model):
         return {}
     first = torch.tensor([owner.index(u) for u in range(len(index))], device=input_ids.device)
     # generate's own positions (pads at 1), so the cached columns match an unshared prompt pass.
