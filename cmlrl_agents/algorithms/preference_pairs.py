@@ -314,7 +314,9 @@ def load_pairs(path: str | Path, agent_names: Sequence[str]) -> list[PreferenceP
     if not path.is_file():
         raise FileNotFoundError(f"pairs file {path} does not exist; check pairs_file.")
     pairs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # "\n" alone ends a line: JSON escapes it inside strings, but not U+2028, U+2029 or U+0085,
+    # at which str.splitlines would also break.
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path} line {n}"

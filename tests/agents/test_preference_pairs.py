@@ -101,6 +101,12 @@ def test_json_lines_round_trip(tmp_path):
     assert record["chosen"] == {"agent_0": "good", "agent_1": "fine"}
 
 
+def test_texts_with_unicode_line_separators_round_trip(tmp_path):
+    # JSON leaves U+2028, U+2029 and U+0085 unescaped; only "\n" may end a line.
+    pairs = [pair(chosen=("one\u2028two", "three\u2029four"), rejected=("five\x85six", "meh"))]
+    assert load_pairs(save_pairs(tmp_path / "pairs.jsonl", pairs, AGENTS), AGENTS) == pairs
+
+
 def test_a_hand_written_file_loads(tmp_path):
     line = {"prompts": {"agent_0": "a", "agent_1": "b"}, "chosen": {"agent_0": "c", "agent_1": "d"}}
     line["rejected"] = {"agent_0": "e", "agent_1": "f"}
