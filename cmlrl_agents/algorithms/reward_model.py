@@ -83,13 +83,21 @@ class PreferenceRewardModel:
                 f"num_labels={labels!r}; load it with "
                 "AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)."
             )
-        pad = tokenizer.pad_token_id
-        if pad is None and tokenizer.eos_token_id is None:
-            raise ValueError("the reward model's tokenizer has neither a pad nor an EOS token.")
-        self.pad_token_id = int(pad if pad is not None else tokenizer.eos_token_id)
         config: Any = model.config  # a transformers config (its num_labels was read above)
-        if config.pad_token_id is None:  # it finds each row's last real token by it
-            config.pad_token_id = self.pad_token_id
+        # The model scores each row at its last token that is not config.pad_token_id, so rows
+        # are padded with that id (Llama-2's config names 0 where its tokenizer has no pad);
+        # without one, with the tokenizer's pad or EOS, which the config is then given.
+        pad = next(
+            (p for p in (config.pad_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id)
+             if p is not None),
+            None,
+        )  # fmt: skip
+        if pad is None:
+            raise ValueError(
+                "the reward model has no pad token: neither its config nor its tokenizer names "
+                "a pad or an EOS token; set model.config.pad_token_id."
+            )
+        self.pad_token_id = config.pad_token_id = int(pad)
         self.device = torch.device(device) if device is not None else _default_device()
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer

@@ -98,6 +98,23 @@ def test_device_defaults_to_cuda_only_when_there_is_one():
     assert model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_rows_are_padded_with_the_pad_id_the_model_pools_by():
+    # Llama-2's config names pad 0 while its tokenizer has none (so EOS would pad): the model
+    # scores each row at its last token that is not config.pad_token_id, so a shorter row of a
+    # batch padded with another id was scored at its padding.
+    tokenizer = tiny_tokenizer()
+    tokenizer.pad_token = None
+    model = tiny_reward_model(len(tokenizer))
+    model.config.pad_token_id = 0
+    rm = PreferenceRewardModel(model, tokenizer, device="cpu")
+    assert rm.pad_token_id == model.config.pad_token_id == 0
+    texts = ["so good", "a much longer response here", "z"]
+    with torch.no_grad():
+        batched = rm.score(texts)
+        alone = torch.cat([rm.score([t]) for t in texts])
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-6)
+
+
 def test_a_model_with_more_than_one_output_is_refused():
     tokenizer = tiny_tokenizer()
     with pytest.raises(ValueError, match="num_labels=1"):
