@@ -269,21 +269,22 @@ class MARLHFTrainer(PreferenceTrainer[MARLHFConfig, Learner[Any]]):
         the training part of the replayed rounds' pairs, continuing from the current weights;
         logs and saves the model and metrics."""
         args = self.args
-        train, held = split_pairs(
-            pairs, args.reward_eval_fraction, _round_seed(args.seed, round_index)
-        )
+        # Split by the run's seed (drawn for seed=None, kept by checkpoints): the replay's
+        # re-split of an earlier round must give that round's training part again.
+        seed = self.sample_seed
+        train, held = split_pairs(pairs, args.reward_eval_fraction, _round_seed(seed, round_index))
         replay = [
             pair
             for j in self.replay_rounds(round_index)
             for pair in split_pairs(
-                self.saved_pairs(j), args.reward_eval_fraction, _round_seed(args.seed, j)
+                self.saved_pairs(j), args.reward_eval_fraction, _round_seed(seed, j)
             )[0]
         ]
         if args.seed is not None:  # dropout draws as in an uninterrupted run
             set_seed(args.seed + round_index)
         self.reward_model.unfreeze()
         self.reward_learner.args = reward_fit_args(args)  # the config may change between rounds
-        fit = RewardFit(train + replay, held, _round_seed(args.seed, round_index))
+        fit = RewardFit(train + replay, held, _round_seed(seed, round_index))
         metrics = self.reward_learner.update(fit)
         metrics["reward_model/replay_pairs"] = float(len(replay))
         self.logger.log_now(metrics, self.env_step)

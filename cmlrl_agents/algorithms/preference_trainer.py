@@ -175,6 +175,9 @@ class PreferenceTrainer(TeamTrainer[PreferenceConfigT, LearnerT]):
                 "only. Pass train_dataset=..., or set num_iterations=1."
             )
         args, size = self.args, self.args.rollout_buffer_size
+        # The run's seed (args.seed, or the one drawn for seed=None and kept by checkpoints),
+        # so a resumed unseeded run draws the pairs an uninterrupted one would have.
+        self.labeler.seed = self.sample_seed
         self.labeler.start_round(round_index)
         items = [
             (item, index)

@@ -14,6 +14,7 @@ from cmlrl_agents import (
     MARLHFConfig,
     MARLHFIterConfig,
     MARLHFTrainer,
+    PreferencePair,
     PreferenceRewardModel,
 )
 from cmlrl_agents.testing import tiny_agent, tiny_reward_model, tiny_tokenizer
@@ -133,3 +134,36 @@ def test_bad_configs_are_refused(tmp_path):
         )
     assert MARLHFIterConfig is MARLHFConfig
     assert MARLHFConfig().reward_model_device is None  # no cuda:0 default (B11)
+
+
+def test_an_unseeded_run_replays_the_training_part_of_its_earlier_rounds(tmp_path):
+    # seed=None: the splits follow the run's drawn seed (kept by checkpoints), so round 1's
+    # replay of round 0's saved pairs is round 0's training part, none of its held-out pairs.
+    from cmlrl_agents.algorithms.preference_pairs import save_pairs
+
+    tokenizer = tiny_tokenizer()
+    trainer = MARLHFTrainer(
+        agents=[tiny_agent(seed=0), tiny_agent(seed=1)],
+        formatters=[tasks.brief_formatter, tasks.detailed_formatter],
+        reward_func=tasks.length_ratio_reward,
+        train_dataset=tasks.length_ratio_splits()[0],
+        reward_model=PreferenceRewardModel(
+            tiny_reward_model(len(tokenizer)), tokenizer, device="cpu"
+        ),
+        args=MARLHFConfig(
+            num_iterations=2, replay_iterations=1, seed=None, reward_eval_fraction=0.5,
+            rl_args=MAGRPOConfig(eval_interval=0), output_dir=str(tmp_path / "run"),
+        ),
+    )  # fmt: skip
+    fits = []
+    update = trainer.reward_learner.update
+    trainer.reward_learner.update = lambda fit: (fits.append(fit), update(fit))[1]
+    for k in range(2):  # what a round does with its pairs
+        pairs = [
+            PreferencePair(("p", "q"), (f"r{k} good {i}", "a"), (f"r{k} bad {i}", "b"))
+            for i in range(20)
+        ]
+        save_pairs(trainer.pairs_path(k), pairs, trainer.agent_names)
+        trainer.fit_reward_model(pairs, k)
+    replayed = {p.chosen for p in fits[1].train if p.chosen[0].startswith("r0")}
+    assert replayed == {p.chosen for p in fits[0].train}
