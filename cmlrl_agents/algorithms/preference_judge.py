@@ -18,9 +18,15 @@ from cmlrl_agents.policies.agent import LLMAgent
 
 __all__ = ["DEFAULT_INSTRUCTION", "LLMJudge"]
 
-DEFAULT_INSTRUCTION = (
-    "Two teams answered the same task. Which team's answer is better? Reply with A or B."
-)
+def _instruction(labels: tuple[str, str]) -> str:
+    return (
+        "Two teams answered the same task. Which team's answer is better? "
+        f"Reply with {labels[0]} or {labels[1]}."
+    )
+
+
+DEFAULT_INSTRUCTION = _instruction(("A", "B"))
+"""The instruction with the default labels; other labels get it with theirs."""
 
 
 def _joint_block(label: str, joint: Sequence[str]) -> str:
@@ -36,16 +42,17 @@ class LLMJudge:
         self,
         agent: LLMAgent,
         *,
-        instruction: str = DEFAULT_INSTRUCTION,
+        instruction: str | None = None,
         labels: tuple[str, str] = ("A", "B"),
     ) -> None:
+        """``instruction`` None: :data:`DEFAULT_INSTRUCTION`, naming ``labels`` as the replies."""
         if not isinstance(agent, LLMAgent):
             raise TypeError(
                 f"agent must be an LLMAgent (e.g. LLMAgent.from_pretrained(path)), got "
                 f"{type(agent).__name__}."
             )
         self.agent = agent
-        self.instruction = instruction
+        self.instruction = _instruction(labels) if instruction is None else instruction
         self.labels = labels
         self.label_ids = [
             list(agent.tokenizer(label, add_special_tokens=False)["input_ids"]) for label in labels

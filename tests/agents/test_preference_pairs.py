@@ -165,3 +165,16 @@ def test_an_llm_judge_is_antisymmetric_and_matches_its_log_probs():
     assert judge.margin(a, b, item) == pytest.approx((lp[0] - lp[1]) - (lp[2] - lp[3]), abs=1e-5)
     labeler = PairLabeler(selection="all", judge=judge, name="comparator LLMJudge")
     assert labeler.label([tuple(a), tuple(b)], [0.0, 0.0], item, "item 0") in ([(0, 1)], [(1, 0)])
+
+
+def test_an_llm_judges_instruction_names_its_labels():
+    from cmlrl_agents.algorithms.preference_judge import DEFAULT_INSTRUCTION, LLMJudge
+    from cmlrl_agents.testing import tiny_agent
+
+    agent = tiny_agent(seed=3)
+    assert LLMJudge(agent).instruction == DEFAULT_INSTRUCTION
+    assert DEFAULT_INSTRUCTION.endswith("Reply with A or B.")
+    judged = LLMJudge(agent, labels=("Yes", "No"))
+    assert judged.instruction.endswith("Reply with Yes or No.")
+    assert judged.prompt(["a"], ["b"], None).startswith(judged.instruction)
+    assert LLMJudge(agent, instruction="Pick one.").instruction == "Pick one."
