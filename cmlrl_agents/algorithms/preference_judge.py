@@ -18,6 +18,7 @@ from cmlrl_agents.policies.agent import LLMAgent
 
 __all__ = ["DEFAULT_INSTRUCTION", "LLMJudge"]
 
+
 def _instruction(labels: tuple[str, str]) -> str:
     return (
         "Two teams answered the same task. Which team's answer is better? "
