@@ -22,6 +22,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,17 +76,19 @@ class Run:
 
     @property
     def key(self) -> str:
-        """The sha256 of ``settings_record``: a finished run is reused only under this key."""
-        text = json.dumps(self.settings_record, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        """The sha256 of ``settings_record`` without the run's folder: a finished run is reused
+        only under this key."""
+        return hashlib.sha256(_comparable(self.settings_record).encode("utf-8")).hexdigest()
 
     def finished(self) -> bool:
         """Whether the run finished before with these settings; refuses (``CLIError``, naming
-        the first field that differs) a finished run whose settings differ."""
+        the first field that differs) a finished run whose settings differ. The run's folder
+        is not a setting: the same results read from a copy, or by another spelling of the
+        path, are the same runs."""
         if not self.result_path.is_file():
             return False
         stored = self.result()
-        if stored.get("key") == self.key:
+        if _comparable(stored.get("settings", {})) == _comparable(self.settings_record):
             return True
         field = _first_difference(stored.get("settings", {}), self.settings_record)
         raise CLIError(
@@ -96,6 +99,13 @@ class Run:
 
     def result(self) -> dict[str, Any]:
         return json.loads(self.result_path.read_text(encoding="utf-8"))
+
+
+def _comparable(record: Mapping[str, Any]) -> str:
+    """A settings record as sorted JSON, its run folder (``run.config.output_dir``) left out."""
+    run = dict(record.get("run", {}))
+    run["config"] = {k: v for k, v in dict(run.get("config", {})).items() if k != "output_dir"}
+    return json.dumps({**record, "run": run}, sort_keys=True, default=str)
 
 
 def _first_difference(old: Any, new: Any, path: str = "") -> str:
