@@ -156,7 +156,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _check_run_folder(config: SharedConfig, resume: str | None) -> None:
-    """``--resume`` names a checkpoint that exists; a fresh run does not land in another's."""
+    """``--resume`` names a checkpoint that exists; a fresh run does not land in another's, and
+    no run lands in a finished run of ``cmlrl experiment``."""
     from cmlrl_agents.runs.run_dirs import foreign_checkpoints
 
     if resume == "latest":
@@ -167,7 +168,13 @@ def _check_run_folder(config: SharedConfig, resume: str | None) -> None:
                 f"--resume {resume!r}: no checkpoint there (a checkpoint-<n> folder holds "
                 "trainer_state.json); give a checkpoint folder or 'latest'."
             )
-    elif config.output_dir is not None and not config.overwrite_output_dir:
+    if config.output_dir is not None and (Path(config.output_dir) / "result.json").is_file():
+        raise CLIError(
+            f"{config.output_dir} is a finished run of `cmlrl experiment` (it holds result.json), "
+            "whose files training there would replace; run it elsewhere with --set "
+            "config.output_dir=<another folder>."
+        )
+    if resume is None and config.output_dir is not None and not config.overwrite_output_dir:
         found = foreign_checkpoints(Path(config.output_dir) / "checkpoints", run_id="")
         if found:
             raise CLIError(

@@ -76,8 +76,8 @@ def load_experiment(
         if key not in spec:
             raise CLIError(f"{path.name} needs the key {key!r}.")
     seeds = spec["seeds"]
-    if not isinstance(seeds, list) or not seeds or not all(_is_int(s, 0) for s in seeds):
-        raise CLIError(f"seeds must be a non-empty list of ints >= 0, got {seeds!r}.")
+    if not _distinct_ints(seeds):
+        raise CLIError(f"seeds must be a non-empty list of distinct ints >= 0, got {seeds!r}.")
     if not isinstance(spec["tasks"], Mapping) or not spec["tasks"]:
         raise CLIError("tasks must be a mapping of task names to task settings.")
     _check_reach(spec, overrides)
@@ -97,7 +97,11 @@ def _assign(spec: dict[str, Any], assignment: str) -> None:
     target = spec
     for part in parents:
         nested = target.get(part)
-        target[part] = dict(nested) if isinstance(nested, Mapping) else {}
+        if target is spec and part == "model" and isinstance(nested, str):
+            nested = {"name_or_path": nested}  # `model: tiny`, as `cmlrl train` reads it
+        if nested is not None and not isinstance(nested, Mapping):
+            raise CLIError(f"--set {key}: {part!r} is {nested!r}, not a mapping.")
+        target[part] = dict(nested or {})
         target = target[part]
     target[last] = parse_value(text)
 
@@ -161,8 +165,15 @@ def _task(name: str, section: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
     if kind not in KINDS:
         raise CLIError(f"tasks.{name}.kind must be one of {list(KINDS)}, got {kind!r}.")
     methods = section.get("methods", list(METHODS))
-    if not isinstance(methods, list) or not methods or any(m not in METHODS for m in methods):
-        raise CLIError(f"tasks.{name}.methods must list some of {list(METHODS)}, got {methods!r}.")
+    if (
+        not isinstance(methods, list)
+        or not methods
+        or any(m not in METHODS for m in methods)
+        or len(set(methods)) < len(methods)
+    ):
+        raise CLIError(
+            f"tasks.{name}.methods must list some of {list(METHODS)}, each once, got {methods!r}."
+        )
     turns = section.get("num_turns", 1)
     if not _is_int(turns, 1) or (turns > 1 and (kind != "code" or methods != ["team"])):
         raise CLIError(
@@ -170,8 +181,10 @@ def _task(name: str, section: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
             "task's team only (methods: [team]), whose feedback is code_feedback."
         )
     seeds = section.get("seeds", spec["seeds"])
-    if not isinstance(seeds, list) or not seeds or not all(_is_int(s, 0) for s in seeds):
-        raise CLIError(f"tasks.{name}.seeds must be a non-empty list of ints >= 0, got {seeds!r}.")
+    if not _distinct_ints(seeds):
+        raise CLIError(
+            f"tasks.{name}.seeds must be a non-empty list of distinct ints >= 0, got {seeds!r}."
+        )
     compute = _merged(spec, section, "compute")
     check_keys(compute, COMPUTE_KEYS, f"compute key of {name}")
     for key in COMPUTE_KEYS:
@@ -196,8 +209,59 @@ def _task(name: str, section: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
         "baseline": section.get("baseline"),
         "compute": compute,
         "eval": evaluation,
-        "config": _merged(spec, section, "config"),
+        "config": _checked_config(name, _merged(spec, section, "config")),
     }
+
+
+RUNNER_FIELDS = {
+    "num_generations": "compute.num_generations",
+    "max_new_tokens": "compute.max_new_tokens",
+    "rollout_buffer_size": "compute.items_per_round",
+    "num_train_epochs": "compute.epochs",
+    "num_turns": "tasks.<name>.num_turns",
+    "eval_interval": "eval.every_rounds",
+    "eval_batch_size": "eval.batch_size",
+    "eval_num_samples": "eval.max_items and eval.samples_per_item",
+    "seed": "seeds",
+    "output_dir": "output_dir (or --output-dir)",
+}
+"""The config fields the runner sets from the experiment's own keys, each with its key."""
+RUNNER_ONLY = (
+    "train_batch_size",
+    "overwrite_output_dir",
+    "save_steps",
+    "verbose",
+    "num_agents",
+    "parse_failure_reward",
+)
+"""Config fields the runner fixes for every run (one step per round, no checkpoints, ...)."""
+
+
+def _checked_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A task's ``config``, refused where it names a field the runner sets itself (it would
+    be overwritten without a word)."""
+    for key in config:
+        if key in RUNNER_FIELDS:
+            raise CLIError(
+                f"config.{key} of task {name} is set by the runner from "
+                f"{RUNNER_FIELDS[key]}; set that instead."
+            )
+        if key in RUNNER_ONLY:
+            raise CLIError(
+                f"config.{key} of task {name} is fixed by the runner for every run "
+                "(docs/paper-experiment.md); remove it."
+            )
+    return config
+
+
+def _distinct_ints(values: Any) -> bool:
+    """A non-empty list of distinct ints >= 0 (seeds: a repeated one would count twice)."""
+    return (
+        isinstance(values, list)
+        and bool(values)
+        and all(_is_int(v, 0) for v in values)
+        and len(set(values)) == len(values)
+    )
 
 
 def _checked_eval(name: str, evaluation: dict[str, Any], compute: Mapping[str, Any]) -> dict:
@@ -229,17 +293,19 @@ def run_experiment(
     plan: ExperimentPlan, *, out: Any = None, only: list[str] | tuple[str, ...] = ()
 ) -> dict[str, Path]:
     """Run every unfinished (task, method, seed), or those whose name
-    (``task/method/seed-S``) starts with one of ``only``, then write the table and the plot
+    (``task/method/seed-S``) is one of ``only`` or lies under one (a task or a task/method),
+    every run's file checked first, then write the table and the plot
     from every finished run of the plan; returns their paths."""
     from cmlrl_agents.cli.experiment_report import write_report
     from cmlrl_agents.cli.experiment_runs import Progress, run_files, run_one
 
     out = sys.stdout if out is None else out
     every = run_files(plan)
-    runs = [r for r in every if not only or any(r.name.startswith(o) for o in only)]
+    runs = [r for r in every if not only or any(_selects(o, r.name) for o in only)]
     if not runs:
         names = ", ".join(r.name for r in every[:4])
         raise CLIError(f"--only {list(only)} selects no run of {plan.source}; names: {names}, ...")
+    _check_runs(runs)
     progress = Progress(runs, out)
     start = time.perf_counter()
     for run in runs:
@@ -256,7 +322,32 @@ def run_experiment(
     return paths
 
 
+def _selects(only: str, name: str) -> bool:
+    """Whether ``--only`` names the run ``name`` or a task or method it lies under: ``code``
+    selects ``code/team/seed-0``, not ``code_2turn/...``; ``seed-1`` is not ``seed-10``."""
+    only = only.rstrip("/")
+    return name == only or name.startswith(only + "/")
+
+
+def _check_runs(runs: list[Any]) -> None:
+    """Every run's run file and training set, before the first run trains: a mistake in the
+    last task's settings stops the command now, not hours in."""
+    from cmlrl_agents.cli.experiment_runs import _check_train_size
+    from cmlrl_agents.cli.plan import plan
+
+    for run in runs:
+        try:
+            planned = plan(run.spec, need_model=False, source=f"the run file of {run.name}")
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"{run.name}: {exc}") from exc
+        _check_train_size(run, planned.task.spec_keywords["dataset"])
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
+    # Modules next to the experiment file (a task's dataset, say) import as next to a run file.
+    folder = str(Path(args.file).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         plan = load_experiment(args.file, args.set)
         if args.output_dir is not None:
@@ -292,7 +383,7 @@ def add_experiment_command(commands: Any) -> None:
         action="append",
         default=[],
         metavar="TASK[/METHOD[/seed-S]]",
-        help="run only the runs whose name starts with this (repeatable); the table and the "
-        "plot still cover every finished run",
+        help="run only this run, or the runs of this task or task/method (repeatable); the "
+        "table and the plot still cover every finished run",
     )
     parser.set_defaults(handler=cmd_experiment)

@@ -135,6 +135,11 @@ def test_equal_compute_is_derived_from_one_section() -> None:
         ("tasks.code.methods=[team, solo]", "methods must list some of"),
         ("tasks.writing.num_turns=2", "more than one turn is the code task's team only"),
         ("seeds=[]", "seeds must be a non-empty list"),
+        ("seeds=[0, 0, 1]", "seeds must be a non-empty list of distinct ints"),  # counted twice
+        ("tasks.code.methods=[team, team]", "methods must list some of .*, each once"),
+        ("config.seed=3", "config.seed of task code is set by the runner from seeds"),
+        ("config.max_new_tokens=9", "from compute.max_new_tokens; set that instead"),
+        ("config.save_steps=4", "config.save_steps of task code is fixed by the runner"),
         ("tasks.code_2turn.baseline=nothing", "baseline 'nothing' is not a task here"),
         ("computes.epochs=1", "unknown key of paper_small.yaml 'computes'"),
         (
@@ -146,6 +151,52 @@ def test_equal_compute_is_derived_from_one_section() -> None:
 def test_mistakes_in_the_file_are_one_clear_error(override: str, message: str) -> None:
     with pytest.raises(CLIError, match=message.replace("(", r"\(")):
         load_experiment(PAPER, [override])
+
+
+def test_a_model_name_takes_its_fields_from_overrides() -> None:
+    plan = load_experiment(PAPER, ["model=tiny", "model.device=cpu"])
+    assert plan.model == {"name_or_path": "tiny", "device": "cpu"}
+
+
+def test_only_selects_a_task_a_method_or_a_run_by_whole_names(tmp_path, capsys) -> None:
+    # `--only code` is the code task, not code_2turn; `seed-1` would not be `seed-10`.
+    from cmlrl_agents.cli.experiment import _selects
+
+    assert _selects("code", "code/team/seed-0") and not _selects("code", "code_2turn/team/seed-0")
+    assert _selects("code/team/", "code/team/seed-1")
+    assert not _selects("code/team/seed-1", "code/team/seed-10")
+
+
+def test_a_mistake_in_a_later_task_stops_the_command_before_any_run_trains(
+    tmp_path, capsys
+) -> None:
+    out = tmp_path / "exp"
+    assert main(tiny_argv(out, "tasks.code_2turn.config.temperatur=0.5")) == 2
+    assert "no field 'temperatur'" in capsys.readouterr().err
+    assert not out.exists() or not any(out.rglob("result.json"))
+
+
+def test_cmlrl_train_refuses_to_train_in_a_finished_experiment_run(tmp_path, capsys) -> None:
+    out = tmp_path / "exp"
+    only_code = ("seeds=[0]", "tasks={code: {kind: code, methods: [team]}}")
+    assert main(tiny_argv(out, *only_code)) == 0
+    folder = out / "code" / "team" / "seed-0"
+    before = (folder / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["train", str(folder / "run.yaml")]) == 2
+    assert "is a finished run of `cmlrl experiment`" in capsys.readouterr().err
+    assert (folder / "metrics.jsonl").read_text() == before
+
+
+def test_finished_runs_are_the_same_runs_read_from_a_copied_folder(tmp_path, capsys) -> None:
+    import shutil
+
+    only_code = ("seeds=[0]", "tasks={code: {kind: code, methods: [team]}}")
+    assert main(tiny_argv(tmp_path / "exp", *only_code)) == 0
+    shutil.copytree(tmp_path / "exp", tmp_path / "copy")
+    capsys.readouterr()
+    assert main(tiny_argv(tmp_path / "copy", *only_code)) == 0
+    assert "code/team/seed-0: finished before, skipped" in capsys.readouterr().out
 
 
 def test_summarize_by_a_hand_worked_example() -> None:
@@ -265,3 +316,23 @@ def test_the_pilot_benchmark_times_a_trained_and_an_untrained_run(
     assert team.startswith("| code / team | ") and team.split(" | ")[2].endswith(" / 128")
     assert central.startswith("| writing / centralized | not trained | not trained | ")
     assert central.endswith(" | 16 |  | 0.000 |")  # 16 eval samples, no pass@1, parse rate 0
+
+
+def test_modules_next_to_the_experiment_file_are_found(tmp_path, capsys) -> None:
+    folder = tmp_path / "exp_files"
+    folder.mkdir()
+    (folder / "my_leads.py").write_text(
+        "from cmlrl_env.writing_tasks import writing_news_splits\n"
+        "def small():\n"
+        "    train, evaluation = writing_news_splits()\n"
+        "    return train.select(range(2)), evaluation.select(range(1))\n"
+    )
+    (folder / "e.yaml").write_text(
+        "model: tiny\nseeds: [0]\n"
+        "compute: {train_items: 2, epochs: 1, items_per_round: 2, num_generations: 2, "
+        "max_new_tokens: 4}\neval: {max_items: 1}\n"
+        "tasks:\n  writing: {kind: writing, dataset: my_leads:small, methods: [team]}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["experiment", str(folder / "e.yaml"), "--output-dir", str(out)]) == 0
+    assert (out / "writing" / "team" / "seed-0" / "result.json").is_file()
