@@ -142,6 +142,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             load_adapter_folders(trainer.agents, agent_dirs)
         if checkpoint is not None:  # the weights alone: evaluation needs no optimizer state
             trainer.load_weights(checkpoint)
+        elif agent_dirs and run_dir is not None and (run_dir / "config.json").is_file():
+            # A run's saved agents evaluate with the run's seed, as its own evaluation did.
+            recorded = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+            if isinstance(recorded.get("sample_seed"), int):
+                trainer.sample_seed = recorded["sample_seed"]
         n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
         if n < 1:
             raise CLIError(f"--num-eval-samples must be >= 1, got {n}.")

@@ -7,7 +7,9 @@ live in :mod:`cmlrl_agents.cli.commands`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,9 @@ TRAINER_TAKES = {
 # Algorithms that train one model for every role of the task.
 SINGLE_POLICY_ALGORITHMS = ("magrpo_centralized",)
 BUILTIN_MODELS = ("tiny", "smollm2")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "float", "half", "double", "auto")
+"""``model.dtype`` names (``torch.`` before them allowed): torch's floating dtypes, or auto."""
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|npu|hpu|meta)(:\d+)?|auto")
 MODEL_KEYS = ("name_or_path", "critic_name_or_path", *MODEL_CONFIG_KEYS)
 
 
@@ -88,7 +93,7 @@ def config_class(name: Any) -> type[SharedConfig]:
 
 
 def _registered(table: Mapping[str, str], name: Any) -> Any:
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise CLIError(f"unknown algorithm {name!r}; valid: {', '.join(table)}.")
     module, _, attr = table[name].partition(":")
     try:
@@ -179,8 +184,23 @@ def _model_section(section: Any) -> dict[str, Any]:
     if not isinstance(section, Mapping):
         raise CLIError(f"model must be a name or a mapping, got {section!r}.")
     check_keys(section, MODEL_KEYS, "model key")
-    if not section.get("name_or_path"):
+    name = section.get("name_or_path")
+    if not name:
         raise CLIError(f"model needs name_or_path: one of {list(BUILTIN_MODELS)}, or a path.")
+    near = difflib.get_close_matches(str(name), BUILTIN_MODELS, n=1, cutoff=0.75)
+    if near and name not in BUILTIN_MODELS and not Path(str(name)).exists():
+        raise CLIError(
+            f"model {name!r} is no built-in model (did you mean {near[0]!r}?) nor a folder; "
+            f"the built-in ones: {list(BUILTIN_MODELS)}."
+        )
+    dtype, device = section.get("dtype"), section.get("device")
+    if dtype is not None and str(dtype).removeprefix("torch.") not in DTYPES:
+        raise CLIError(f"model.dtype={dtype!r} is not one of {list(DTYPES)}.")
+    if device is not None and not _DEVICE.fullmatch(str(device)):
+        raise CLIError(
+            f"model.device={device!r} is not a device: give 'cpu', 'cuda', 'cuda:N', 'mps' "
+            "or 'auto'."
+        )
     return dict(section)
 
 

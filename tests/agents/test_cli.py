@@ -168,6 +168,10 @@ def test_the_installed_console_script_trains_and_fails_cleanly(tmp_path):
         ("task.rewrd=m:f", ["unknown task key 'rewrd'", "did you mean 'reward'", "formatters"]),
         ("model.dtyp=float32", ["'dtyp'", "name_or_path, critic_name_or_path, dtype"]),
         ("model=[1]", ["model must be a name or a mapping"]),
+        ("model.device=gpu", ["model.device='gpu' is not a device", "'cuda:N'"]),
+        ("model.dtype=bf16", ["model.dtype='bf16' is not one of", "'bfloat16'"]),
+        ("model=tiniy", ["'tiniy' is no built-in model (did you mean 'tiny'?)"]),
+        ("algorithm.name=iac", ["unknown algorithm {'name': 'iac'}", "magrpo, mareinforce"]),
         ("wandb.projct=p", ["'projct'", "project, entity, name, run_name, tags, dir"]),
         ("config.top_p=2", ["config: top_p must be <= 1.0, got 2."]),
         ("config.max_new_tokens=many", ["max_new_tokens must be an int, got 'many'"]),
@@ -338,6 +342,24 @@ def test_eval_of_a_saved_model_folder(trained, tmp_path, capsys):
     assert set(metrics) == {"env_step", "eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
     code, _, err = run_cli(capsys, "eval", TINY, "--checkpoint", tmp_path)
     assert code == 2 and "neither a checkpoint folder" in err
+
+
+def test_a_saved_model_folder_evaluates_with_its_runs_seed(tmp_path, capsys):
+    # Trained with another seed than the run file's: the saved agents are evaluated with the
+    # run's own (config.json's sample_seed), so the evaluation repeats the run's final one.
+    run = tmp_path / "run"
+    seeded = ("--set", f"config.output_dir={run}", "--set", "config.seed=7")
+    code, out, err = run_cli(capsys, "train", TINY, *seeded)
+    assert code == 0, err
+    final = json.loads((run / "eval-metrics.json").read_text())
+    code, out, err = run_cli(
+        capsys,
+        *("eval", TINY, "--checkpoint", run / "model", "--output-dir", tmp_path / "ev"),
+        *("--set", f"config.output_dir={run}"),
+    )
+    assert code == 0, err
+    again = json.loads((tmp_path / "ev" / "eval-metrics.json").read_text())
+    assert again["eval/turn_1/reward_mean"] == final["eval/turn_1/reward_mean"]
 
 
 @pytest.mark.parametrize("algorithm", ["iac", "maac"])
