@@ -110,9 +110,17 @@ def load_adapter_folders(agents: Sequence[Any], folders: Sequence[Path]) -> None
                 "the run file's peft section the adapters were trained with."
             )
         # peft annotates its result as ``namedtuple``, which is no type: torch's is the real one.
-        result: _IncompatibleKeys = set_peft_model_state_dict(
-            agent.model, load_file(str(file)), agent.adapter
-        )
+        try:
+            result: _IncompatibleKeys = set_peft_model_state_dict(
+                agent.model, load_file(str(file)), agent.adapter
+            )
+        except RuntimeError as exc:  # tensors of other shapes: another rank, say
+            first = str(exc).strip().splitlines()[-1].strip()
+            raise CLIError(
+                f"{file} does not fit adapter {agent.adapter} of the run file's peft section "
+                f"({first}); give the peft section the adapters were trained with (their "
+                f"{folder / 'adapter_config.json'})."
+            ) from None
         missing = [k for k in result.missing_keys if f".{agent.adapter}." in k]
         if missing or result.unexpected_keys:
             raise CLIError(

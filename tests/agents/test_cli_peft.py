@@ -88,6 +88,11 @@ def test_train_with_a_peft_section_saves_adapters_only(tmp_path, capsys) -> None
     no_peft = run_file(tmp_path / "plain", None, output_dir=str(run))
     assert main(["eval", str(no_peft), "--checkpoint", str(run / "model")]) == 2
     assert "holds adapters (save_model of adapter agents)" in capsys.readouterr().err
+    other_rank = run_file(tmp_path / "rank", {**LORA, "r": 8}, output_dir=str(run))
+    assert main(["eval", str(other_rank), "--checkpoint", str(run / "model")]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit adapter agent_0 of the run file's peft section" in err
+    assert "adapter_config.json" in err and "Traceback" not in err
 
 
 def test_a_list_gives_one_adapter_config_per_agent(tmp_path) -> None:
