@@ -212,6 +212,7 @@ def run_one(
     write and return ``result.json``. The pilot's runs skip the evaluation after training
     (``final_eval=False``) or training itself (``train=False``: the untrained evaluation)."""
     from cmlrl_agents.cli.plan import build_trainer, plan
+    from cmlrl_agents.runs.threads import apply_num_threads
 
     library = provenance()  # at the start: the code the run ran on
     if run.folder.exists():
@@ -238,6 +239,7 @@ def run_one(
     counter = _count_generation(trainer, progress)
     recorder.attach(trainer, counter, compute["items_per_round"], p.config.items_per_step)
     recorder.final = int(final_eval and train)
+    apply_num_threads(p.config.num_threads)  # train() applies it: the evaluation before too
     start = time.perf_counter()
     try:
         if not evaluation["every_rounds"]:
