@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -194,47 +195,53 @@ def test_tensorboard_scalars(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("eval/turn_1/reward_mean")] == [(2, 0.25)]
 
 
-def test_tensorboard_after_resume_shows_each_step_once(tmp_path):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    first = MetricsLogger(tmp_path, logging_steps=1)
+def resume_after_step_3(run: Path, crashed: Any, redone: Any) -> None:
+    """Log r = 1, 2, 3 and checkpoint; ``crashed(logger)`` logs what the crash then loses;
+    a new logger resumes from the checkpoint and ``redone(logger)`` logs on."""
+    first = MetricsLogger(run, logging_steps=1)
     for step in (1, 2, 3):
         first.log_train({"r": float(step)}, step=step)
     saved = first.state_dict()
-    first.log_train({"r": -4.0}, step=4)  # after the checkpoint; redone below
+    crashed(first)
     first.close()
-    resumed = MetricsLogger(tmp_path, logging_steps=1)
+    resumed = MetricsLogger(run, logging_steps=1)
     resumed.load_state_dict(saved)
-    for step in (4, 5):
-        resumed.log_train({"r": float(step)}, step=step)
+    redone(resumed)
     resumed.close()
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
+
+
+def scalars(run: Path, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every TensorBoard point of ``tag`` in the run folder, in order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("r")] == [(s, float(s)) for s in range(1, 6)]
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_tensorboard_after_resume_shows_each_step_once(tmp_path):
+    pytest.importorskip("tensorboard")
+
+    def redone(logger: MetricsLogger) -> None:
+        for step in (4, 5):
+            logger.log_train({"r": float(step)}, step=step)
+
+    resume_after_step_3(tmp_path, lambda logger: logger.log_train({"r": -4.0}, step=4), redone)
+    assert scalars(tmp_path, "r") == [(s, float(s)) for s in range(1, 6)]
 
 
 def test_tensorboard_after_resume_shows_an_entry_at_the_checkpoints_step_once(tmp_path):
     # A checkpoint is taken after its round's entry at step 3, and the next round's evaluation
     # logs at step 3 too: a crash after it must not leave that evaluation beside the redone one.
     pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    first = MetricsLogger(tmp_path, logging_steps=1)
-    for step in (1, 2, 3):
-        first.log_train({"r": float(step)}, step=step)
-    saved = first.state_dict()
-    first.log_eval({"eval/r": -3.0}, step=3)  # after the checkpoint, at its step; redone below
-    first.close()
-    resumed = MetricsLogger(tmp_path, logging_steps=1)
-    resumed.load_state_dict(saved)
-    resumed.log_eval({"eval/r": 3.0}, step=3)
-    resumed.log_train({"r": 4.0}, step=4)
-    resumed.close()
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("r")] == [(s, float(s)) for s in range(1, 5)]
-    assert [(e.step, e.value) for e in events.Scalars("eval/r")] == [(3, 3.0)]
+    def redone(logger: MetricsLogger) -> None:
+        logger.log_eval({"eval/r": 3.0}, step=3)
+        logger.log_train({"r": 4.0}, step=4)
+
+    resume_after_step_3(tmp_path, lambda logger: logger.log_eval({"eval/r": -3.0}, step=3), redone)
+    assert scalars(tmp_path, "r") == [(s, float(s)) for s in range(1, 5)]
+    assert scalars(tmp_path, "eval/r") == [(3, 3.0)]
 
 
 # ---- input checks ---------------------------------------------------------------------------

@@ -221,14 +221,8 @@ def test_transition_receives_the_branch_history_turn_by_turn() -> None:
     ]
 
 
-def test_transition_without_history_parameters_gets_only_the_required_ones() -> None:
-    calls = []
-
-    def transition(prompt: str, agent_completions: list[str], num_agents: int) -> list[str]:
-        calls.append((prompt, agent_completions, num_agents))
-        return ["next a", "next b"]
-
-    env = CoMLRLEnv(
+def two_turn_env(transition: Any) -> CoMLRLEnv:
+    return CoMLRLEnv(
         prompts_dataset(),
         None,
         zero_reward,
@@ -236,6 +230,16 @@ def test_transition_without_history_parameters_gets_only_the_required_ones() -> 
         external_transition=transition,
         early_termination_threshold=None,
     )
+
+
+def test_transition_without_history_parameters_gets_only_the_required_ones() -> None:
+    calls = []
+
+    def transition(prompt: str, agent_completions: list[str], num_agents: int) -> list[str]:
+        calls.append((prompt, agent_completions, num_agents))
+        return ["next a", "next b"]
+
+    env = two_turn_env(transition)
     env.reset()
     obs, *_ = env.step({"agent_0": "x", "agent_1": "y"})
     assert calls == [("p0", ["x", "y"], 2)]
@@ -308,8 +312,8 @@ def test_info_keys_and_types_are_the_same_at_reset_and_every_step(options: Any) 
 
 
 def test_a_transition_that_names_item_gets_the_whole_task_item() -> None:
-    # Only by name: comlrl's transitions take **kwargs for the history alone (the test above
-    # checks they get nothing more).
+    # Only by name: comlrl's transitions take **kwargs for the history alone
+    # (test_transition_receives_the_branch_history_turn_by_turn checks they get nothing more).
     items = []
 
     def transition(
@@ -318,14 +322,7 @@ def test_a_transition_that_names_item_gets_the_whole_task_item() -> None:
         items.append(dict(item))
         return ["next a", "next b"]
 
-    env = CoMLRLEnv(
-        prompts_dataset(),
-        None,
-        zero_reward,
-        num_turns=2,
-        external_transition=transition,
-        early_termination_threshold=None,
-    )
+    env = two_turn_env(transition)
     env.reset()
     env.step({"agent_0": "x", "agent_1": "y"})
     assert items == [dict(prompts_dataset()[0])]
