@@ -297,7 +297,7 @@ def run_experiment(
     every run's file checked first, then write the table and the plot
     from every finished run of the plan; returns their paths."""
     from cmlrl_agents.cli.experiment_report import write_report
-    from cmlrl_agents.cli.experiment_runs import Progress, run_files, run_one
+    from cmlrl_agents.cli.experiment_runs import Progress, check_runs, run_files, run_one
 
     out = sys.stdout if out is None else out
     every = run_files(plan)
@@ -305,7 +305,7 @@ def run_experiment(
     if not runs:
         names = ", ".join(r.name for r in every[:4])
         raise CLIError(f"--only {list(only)} selects no run of {plan.source}; names: {names}, ...")
-    _check_runs(runs)
+    check_runs(runs)
     progress = Progress(runs, out)
     start = time.perf_counter()
     for run in runs:
@@ -327,20 +327,6 @@ def _selects(only: str, name: str) -> bool:
     selects ``code/team/seed-0``, not ``code_2turn/...``; ``seed-1`` is not ``seed-10``."""
     only = only.rstrip("/")
     return name == only or name.startswith(only + "/")
-
-
-def _check_runs(runs: list[Any]) -> None:
-    """Every run's run file and training set, before the first run trains: a mistake in the
-    last task's settings stops the command now, not hours in."""
-    from cmlrl_agents.cli.experiment_runs import _check_train_size
-    from cmlrl_agents.cli.plan import plan
-
-    for run in runs:
-        try:
-            planned = plan(run.spec, need_model=False, source=f"the run file of {run.name}")
-        except (ValueError, TypeError) as exc:
-            raise CLIError(f"{run.name}: {exc}") from exc
-        _check_train_size(run, planned.task.spec_keywords["dataset"])
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:

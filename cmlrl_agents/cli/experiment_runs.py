@@ -22,7 +22,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import yaml
 from cmlrl_agents.cli.experiment_eval import Clock, CountingBackend, EvalRecorder, repeated
 from cmlrl_agents.cli.spec import CLIError
 
-__all__ = ["PARSE_FAILURE_REWARD", "Progress", "Run", "run_files", "run_one"]
+__all__ = ["PARSE_FAILURE_REWARD", "Progress", "Run", "check_runs", "run_files", "run_one"]
 
 PARSE_FAILURE_REWARD = 0.0
 """The centralized baseline's reward for a completion that does not parse: the minimum of the
@@ -268,6 +268,19 @@ def _count_generation(trainer: Any, progress: Progress) -> CountingBackend:
     )
     trainer.generation_backend = counter
     return counter
+
+
+def check_runs(runs: Sequence[Run]) -> None:
+    """Every run's run file and training set, before the first run trains: a mistake in the
+    last task's settings stops the command now, not hours in."""
+    from cmlrl_agents.cli.plan import plan
+
+    for run in runs:
+        try:
+            planned = plan(run.spec, need_model=False, source=f"the run file of {run.name}")
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"{run.name}: {exc}") from exc
+        _check_train_size(run, planned.task.spec_keywords["dataset"])
 
 
 def _check_train_size(run: Run, train: Any) -> None:
