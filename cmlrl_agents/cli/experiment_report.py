@@ -162,11 +162,21 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> list[str]:
     return lines + ["| " + " | ".join(str(r.get(c, "")) for c in used) + " |" for r in rows]
 
 
+def _seeds(plan: Any) -> str:
+    """The seeds, with those of each task that has its own."""
+    own = [
+        f"{name}: {task['seeds']}"
+        for name, task in plan.tasks.items()
+        if task["seeds"] != plan.seeds
+    ]
+    return f"{plan.seeds}" + (f" ({'; '.join(own)})" if own else "")
+
+
 def _markdown(report: dict[str, list[Any]], plan: Any) -> str:
     lines = [
         f"# Results of {plan.source}",
         "",
-        f"Model: {plan.model}; seeds: {plan.seeds}. Eval reward: the mean over the eval samples "
+        f"Model: {plan.model}; seeds: {_seeds(plan)}. Eval reward: the mean over the eval samples "
         "(items × samples per item) of the last turn; ± is the standard error over seeds "
         "(with one seed, the eval's own standard error); run_change_se: the mean of each run's "
         "own standard error of its change (the eval items are fixed, so the two points' "

@@ -336,3 +336,11 @@ def test_modules_next_to_the_experiment_file_are_found(tmp_path, capsys) -> None
     out = tmp_path / "out"
     assert main(["experiment", str(folder / "e.yaml"), "--output-dir", str(out)]) == 0
     assert (out / "writing" / "team" / "seed-0" / "result.json").is_file()
+
+
+def test_the_tables_header_names_each_tasks_own_seeds() -> None:
+    from cmlrl_agents.cli.experiment_report import _seeds
+
+    plan = load_experiment(PAPER)
+    assert _seeds(plan) == "[0, 1, 2] (writing: [0, 1, 2, 3])"
+    assert _seeds(load_experiment(PAPER, ["tasks.writing.seeds=[0, 1, 2]"])) == "[0, 1, 2]"
