@@ -131,6 +131,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         p.config.output_dir = None if output is None else str(output)
         if p.task.eval_dataset is None:
             raise CLIError("the task has no eval dataset; give task.eval_dataset or test_size.")
+        n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
+        if n < 1:  # before any model loads
+            raise CLIError(f"--num-eval-samples must be >= 1, got {n}.")
         adapters = bool(agent_dirs) and (agent_dirs[0] / "adapter_config.json").is_file()
         if adapters and p.peft is None:
             raise CLIError(
@@ -147,9 +150,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             recorded = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
             if isinstance(recorded.get("sample_seed"), int):
                 trainer.sample_seed = recorded["sample_seed"]
-        n = p.config.eval_num_samples if args.num_eval_samples is None else args.num_eval_samples
-        if n < 1:
-            raise CLIError(f"--num-eval-samples must be >= 1, got {n}.")
     apply_num_threads(p.config.num_threads)  # train() applies it; evaluation alone here
     try:
         metrics = trainer.evaluate_items(n)

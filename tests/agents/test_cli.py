@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -342,6 +343,10 @@ def test_eval_of_a_saved_model_folder(trained, tmp_path, capsys):
     assert set(metrics) == {"env_step", "eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
     code, _, err = run_cli(capsys, "eval", TINY, "--checkpoint", tmp_path)
     assert code == 2 and "neither a checkpoint folder" in err
+    loads = mock.patch("cmlrl_agents.cli.plan.build_trainer", side_effect=AssertionError("built"))
+    with loads:  # refused before any model loads
+        code, _, err = run_cli(capsys, "eval", TINY, "--num-eval-samples", 0)
+    assert code == 2 and "--num-eval-samples must be >= 1, got 0" in err
 
 
 def test_a_saved_model_folder_evaluates_with_its_runs_seed(tmp_path, capsys):
