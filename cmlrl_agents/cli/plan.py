@@ -78,6 +78,9 @@ SINGLE_POLICY_ALGORITHMS = ("magrpo_centralized",)
 BUILTIN_MODELS = ("tiny", "smollm2")
 DTYPES = ("float32", "float16", "bfloat16", "float64", "float", "half", "double", "auto")
 """``model.dtype`` names (``torch.`` before them allowed): torch's floating dtypes, or auto."""
+TINY_UNUSED = ("dtype", "torch_dtype", "gguf_file", "model_kwargs", "cache_dir")
+"""The model keys that the built-in tiny model has no use for (it takes chat_template,
+system_prompt and device)."""
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|npu|hpu|meta)(:\d+)?|auto")
 MODEL_KEYS = ("name_or_path", "critic_name_or_path", *MODEL_CONFIG_KEYS)
 
@@ -192,6 +195,12 @@ def _model_section(section: Any) -> dict[str, Any]:
         raise CLIError(
             f"model {name!r} is no built-in model (did you mean {near[0]!r}?) nor a folder; "
             f"the built-in ones: {list(BUILTIN_MODELS)}."
+        )
+    unused = [k for k in TINY_UNUSED if k in section] if name == "tiny" else []
+    if unused:
+        raise CLIError(
+            f"model.{unused[0]} is not used by the built-in tiny model (a small random float32 "
+            "model built from a config, no file behind it); remove it."
         )
     dtype, device = section.get("dtype"), section.get("device")
     if dtype is not None and str(dtype).removeprefix("torch.") not in DTYPES:

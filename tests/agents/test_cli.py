@@ -170,8 +170,12 @@ def test_the_installed_console_script_trains_and_fails_cleanly(tmp_path):
         ("model.dtyp=float32", ["'dtyp'", "name_or_path, critic_name_or_path, dtype"]),
         ("model=[1]", ["model must be a name or a mapping"]),
         ("model.device=gpu", ["model.device='gpu' is not a device", "'cuda:N'"]),
-        ("model.dtype=bf16", ["model.dtype='bf16' is not one of", "'bfloat16'"]),
+        (
+            "model={name_or_path: smollm2, dtype: bf16}",
+            ["model.dtype='bf16' is not one of", "'bfloat16'"],
+        ),
         ("model=tiniy", ["'tiniy' is no built-in model (did you mean 'tiny'?)"]),
+        ("model.dtype=bfloat16", ["model.dtype is not used by the built-in tiny model"]),
         ("algorithm.name=iac", ["unknown algorithm {'name': 'iac'}", "magrpo, mareinforce"]),
         ("wandb.projct=p", ["'projct'", "project, entity, name, run_name, tags, dir"]),
         ("config.top_p=2", ["config: top_p must be <= 1.0, got 2."]),
