@@ -34,8 +34,9 @@ _BATCH = (
 
 _EVAL = "training task items between evaluations (0: manual evaluation only)"
 
-FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
-    # TRL's name: (the fields that take its role, first present wins; what to know)
+FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str | dict[str, str]]] = {
+    # TRL's name: (the fields that take its role, first present wins; what to know, or per
+    # field what to know)
     "learning_rate": (
         ("agent_learning_rate",),
         "AdamW learning rate of every agent (a critic's is critic_learning_rate)",
@@ -47,7 +48,15 @@ FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "beta": (
         ("dpo_beta", "reference_kl_coef"),
-        "the pull towards the reference model (reference_kl_coef needs reference_kl_enabled=True)",
+        {
+            "dpo_beta": "the DPO loss's pull towards the reference model",
+            "reference_kl_coef": "the pull towards the reference model (it needs "
+            "reference_kl_enabled=True)",
+        },
+    ),
+    "num_iterations": (
+        ("ppo_epochs",),
+        "passes over each round's rows, the later ones with PPO's clipped ratio",
     ),
     "report_to": (
         (),
@@ -83,20 +92,33 @@ FOREIGN_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+COMLRL_NAMES: dict[str, tuple[tuple[str, ...], str]] = {
+    # comlrl's name for what a field here does (docs/comlrl.md): as FOREIGN_NAMES
+    "checkpoint_dir": (("output_dir",), "checkpoints go to output_dir/checkpoints"),
+    "checkpoint_interval": (("save_steps",), "training task items between checkpoints"),
+    "checkpoint_total_limit": (("save_total_limit",), "the newest checkpoints kept"),
+}
+
+
 def unknown_field_message(config_class: type, name: str) -> str:
     """Why ``name`` is not a field of ``config_class``, and what to write instead."""
     fields = [f.name for f in dataclasses.fields(config_class)]
     where = f"{config_class.__name__} has no field {name!r}"
-    if name in FOREIGN_NAMES:
-        targets, note = FOREIGN_NAMES[name]
+    known = {k: (*v, "TRL's") for k, v in FOREIGN_NAMES.items()}
+    known |= {k: (*v, "comlrl's") for k, v in COMLRL_NAMES.items()}
+    if name in known:
+        targets, notes, origin = known[name]
         present = [t for t in targets if t in fields]
         if present:
-            return f"{where} (TRL's name); use {present[0]}: {note}."
+            note = notes[present[0]] if isinstance(notes, dict) else notes
+            return f"{where} ({origin} name); use {present[0]}: {note}."
         if targets:
             verb = "belongs" if len(targets) == 1 else "belong"
             elsewhere = " and ".join(targets)
-            return f"{where} (TRL's name), nor a counterpart: {elsewhere} {verb} to other configs."
-        return f"{where} (TRL's name): {note}."
+            return (
+                f"{where} ({origin} name), nor a counterpart: {elsewhere} {verb} to other configs."
+            )
+        return f"{where} ({origin} name): {notes}."
     close = difflib.get_close_matches(name, fields, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"{where}{hint}; valid fields: {', '.join(fields)}."
