@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cmlrl_agents.cli.spec import CLIError, apply_overrides, load_spec, one_line
+from cmlrl_agents.cli.spec import CLIError, add_to_path, apply_overrides, load_spec, one_line
 
 # Each command imports what it needs when it runs, so that `cmlrl --help` and a usage error
 # answer at once, and `cmlrl check` loads no model library (torch, transformers, peft).
@@ -49,15 +49,10 @@ def _user_errors(debug: bool) -> Iterator[None]:
 def _read(args: argparse.Namespace) -> dict[str, Any]:
     spec = load_spec(args.config) if args.config else {}
     if args.config:  # a run file's `module:function` paths may name modules beside it
-        _add_to_path(Path(args.config).resolve().parent)
+        add_to_path(Path(args.config).resolve().parent)
     threads = getattr(args, "threads", None)
     extra = [] if threads is None else [f"config.num_threads={threads}"]
     return apply_overrides(spec, [*args.set, *extra])
-
-
-def _add_to_path(folder: Path) -> None:
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -338,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     args.debug = args.debug or bool(os.environ.get("CMLRL_DEBUG"))
     # A console script's sys.path lacks the working folder; run files name modules there.
-    _add_to_path(Path.cwd())
+    add_to_path(Path.cwd())
     try:
         return args.handler(args)
     except CLIError as exc:

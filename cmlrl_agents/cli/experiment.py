@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 # The run files' YAML reading: duplicate keys refused, 1e-5 read as a number.
-from cmlrl_agents.cli.spec import CLIError, _Loader, check_keys, parse_value
+from cmlrl_agents.cli.spec import CLIError, _Loader, add_to_path, check_keys, parse_value
 
 __all__ = ["ExperimentPlan", "add_experiment_command", "load_experiment", "run_experiment"]
 
@@ -331,9 +331,7 @@ def _selects(only: str, name: str) -> bool:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     # Modules next to the experiment file (a task's dataset, say) import as next to a run file.
-    folder = str(Path(args.file).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    add_to_path(Path(args.file).resolve().parent)
     try:
         plan = load_experiment(args.file, args.set)
         if args.output_dir is not None:

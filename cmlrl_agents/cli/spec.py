@@ -21,6 +21,7 @@ import yaml
 __all__ = [
     "SECTIONS",
     "CLIError",
+    "add_to_path",
     "apply_overrides",
     "check_keys",
     "load_spec",
@@ -173,3 +174,10 @@ def _import_module(name: str) -> Any:
 
 def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def add_to_path(folder: Path) -> None:
+    """Let ``module:function`` names find modules in ``folder`` (a run or experiment file's,
+    or the working folder, which a console script's ``sys.path`` lacks)."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
