@@ -175,7 +175,7 @@ class LLMAgent:
             raise ValueError("prompts is empty; pass at least one prompt")
         if self.chat_format is not None:
             fmt = self.chat_format
-            texts = [p if fmt.is_templated(p) else self._render_chat(p) for p in prompts]
+            texts = [p if fmt.is_templated(p) else fmt.render(p) for p in prompts]
             # The template already holds any BOS/EOS it wants; do not add them twice.
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         else:
@@ -187,15 +187,6 @@ class LLMAgent:
                     "BOS; a completion needs at least one prompt token to condition on"
                 )
         return [list(row) for row in ids]
-
-    def _render_chat(self, prompt: str) -> str:
-        messages = [{"role": "user", "content": prompt}]
-        if self.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        text: str = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return text
 
     def generate(
         self,

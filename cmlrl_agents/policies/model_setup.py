@@ -206,12 +206,9 @@ class ChatFormat:
     """How an agent's tokenizer wraps a prompt: the rendered template around a sentinel."""
 
     def __init__(self, tokenizer: Any, system_prompt: str | None) -> None:
-        messages = [{"role": "user", "content": _SENTINEL}]
-        if system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        rendered = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        rendered = self.render(_SENTINEL)
         if _SENTINEL not in rendered:
             raise ValueError(
                 "the tokenizer's chat template drops the user message; pass chat_template=False "
@@ -224,6 +221,16 @@ class ChatFormat:
         self.markers = sorted(t for t in special if t and t in rendered)
         self.opening = self.tail.strip()
         self.adds_system_turn = system_prompt is None and "system" in self.head.lower()
+
+    def render(self, prompt: str) -> str:
+        """``prompt`` as the user turn (after the system turn, if any), the assistant's opened."""
+        messages = [{"role": "user", "content": prompt}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        text: str = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return text
 
     def is_templated(self, prompt: str) -> bool:
         """True when ``prompt`` already went through a chat template (e.g. a comlrl formatter
